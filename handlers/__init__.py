@@ -1,0 +1,1 @@
+"""Task handlers: one module per task domain, each registering an ``AgentHandler``."""
