@@ -1,0 +1,489 @@
+"""The pool of LLM backends: registration, routing, leases, health and failover.
+
+A job takes ONE backend for its whole RUN stage (``async with pool.lease(timer) as llm``)
+and makes every LLM call of that stage through it, so the engine's prefix cache keeps
+hitting. The backend is picked by the fewest jobs in flight *now* divided by its
+``weight``, ties going to the backend assigned least in total (:func:`least_inflight`).
+
+Waiting: a backend at its ``max_inflight``, or no backend registered (a checkpoint swap
+between ``clear()`` and ``add()``), or every registered backend unhealthy, makes the job
+wait in FIFO order on a future (never a sleep loop). The wait pauses the job's timer and
+is counted in :attr:`BackendPool.waiting`.
+
+Health: connection errors, timeouts and 5xx count as failures; ``failure_threshold``
+consecutive ones mark a backend unhealthy. It is then skipped for new leases and probed
+(``GET {root}/health``) every ``probe_interval_s`` until it answers 200. A call that fails
+that way is retried on another healthy backend (token-in makes this safe); the lease moves
+with it and each Generation names the backend that produced it. When retries run out, or
+no healthy backend is left to fail over to, the call raises :class:`BackendError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import aiohttp
+import msgspec
+
+from prorl_async.engines import (
+    EngineApi,
+    EngineError,
+    EngineUnavailable,
+    complete,
+    fetch_model,
+    server_root,
+)
+from prorl_async.generation import Generation
+from prorl_async.timer import PausableTimer
+
+__all__ = [
+    "Backend",
+    "BackendError",
+    "BackendPool",
+    "Lease",
+    "Picker",
+    "PoolConfig",
+    "least_inflight",
+]
+
+
+class BackendError(Exception):
+    """An LLM call failed for good (retries exhausted, no backend left, or refused).
+
+    The pipeline reports it as ``error.stage = "run"``. ``address`` is the backend of the
+    last attempt when there was one; ``__cause__`` is the underlying engine error.
+    """
+
+    def __init__(self, message: str, *, address: str | None = None) -> None:
+        super().__init__(message)
+        self.address = address
+
+
+class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Knobs of the backend pool (loadable from the server's TOML config)."""
+
+    failure_threshold: int = 3
+    """Consecutive failures (connection error, timeout, 5xx) that mark a backend unhealthy."""
+    probe_interval_s: float = 1.0
+    """Seconds between ``GET /health`` probes of an unhealthy backend."""
+    probe_timeout_s: float = 2.0
+    retries: int = 3
+    """Extra attempts of one LLM call after a retryable failure (so ``retries + 1`` in all)."""
+    retry_backoff_s: float = 0.05
+    """Pause before retrying on the same backend (doubles per attempt); none when moving."""
+    request_timeout_s: float | None = 600.0
+    """Limit on one LLM request; ``None`` waits forever."""
+    model: str | None = None
+    """vLLM ``model`` field for backends registered without one; ``None`` asks ``/v1/models``."""
+
+    def __post_init__(self) -> None:
+        if self.failure_threshold < 1:
+            raise ValueError(f"failure_threshold must be >= 1, got {self.failure_threshold}")
+        if self.retries < 0:
+            raise ValueError(f"retries must be >= 0, got {self.retries}")
+        for name in ("probe_interval_s", "probe_timeout_s", "request_timeout_s"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.retry_backoff_s < 0:
+            raise ValueError(f"retry_backoff_s must be >= 0, got {self.retry_backoff_s}")
+
+
+class Backend:
+    """One registered engine server and its live routing counters."""
+
+    __slots__ = (
+        "address", "api", "weight_version", "max_inflight", "weight", "model",
+        "inflight", "assigned", "healthy", "failures",
+    )  # fmt: skip
+
+    def __init__(self, address: str, *, api: EngineApi = "vllm") -> None:
+        _check_address(address)
+        self.address = address
+        self.api: EngineApi = api
+        self.weight_version: int | str | None = None
+        self.max_inflight: int | None = None
+        self.weight = 1.0
+        self.model: str | None = None
+        self.inflight = 0
+        """Jobs holding a lease on this backend now."""
+        self.assigned = 0
+        """Leases ever given out on this backend (only a tie-breaker for routing)."""
+        self.healthy = True
+        self.failures = 0
+        """Consecutive failed calls."""
+
+    def configure(
+        self,
+        *,
+        api: EngineApi,
+        weight_version: int | str | None,
+        max_inflight: int | None,
+        weight: float,
+        model: str | None,
+    ) -> None:
+        """Apply registration fields (validated); re-registration also resets health."""
+        if api not in ("vllm", "sglang"):
+            raise ValueError(f"api must be 'vllm' or 'sglang', got {api!r}")
+        if max_inflight is not None and (isinstance(max_inflight, bool) or max_inflight < 1):
+            raise ValueError(f"max_inflight must be a positive integer, got {max_inflight!r}")
+        if not weight > 0:
+            raise ValueError(f"weight must be > 0, got {weight!r}")
+        if api != self.api or model is not None:
+            self.model = model
+        self.api, self.weight_version = api, weight_version
+        self.max_inflight, self.weight = max_inflight, float(weight)
+        self.healthy, self.failures = True, 0
+
+    def has_room(self) -> bool:
+        return self.max_inflight is None or self.inflight < self.max_inflight
+
+    def snapshot(self) -> dict[str, Any]:
+        """Exactly the API.md ``/status`` backend fields."""
+        return {
+            "address": self.address,
+            "inflight": self.inflight,
+            "assigned": self.assigned,
+            "healthy": self.healthy,
+            "weight_version": self.weight_version,
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"Backend({self.address!r}, inflight={self.inflight}, assigned={self.assigned}, "
+            f"healthy={self.healthy}, weight_version={self.weight_version!r})"
+        )
+
+
+def _check_address(address: str) -> None:
+    if not isinstance(address, str) or not address.startswith(("http://", "https://")):
+        raise ValueError(
+            f"address must be an http(s) URL like http://host:port/v1, got {address!r}"
+        )
+
+
+_Call = Callable[["Lease", list[int], int, dict[str, Any]], Awaitable[Generation]]
+
+
+class Lease:
+    """A job's hold on one backend for its RUN stage; implements ``Generator``.
+
+    Calls on one lease are sequential (one conversation). After a failover the lease
+    holds the new backend; :attr:`backend` is always the one the next call goes to.
+    """
+
+    __slots__ = ("_call", "_held", "_last", "timer", "_busy")
+
+    def __init__(self, call: _Call, backend: Backend, timer: PausableTimer | None) -> None:
+        self._call = call
+        self._held: Backend | None = backend
+        self._last = backend
+        self.timer = timer
+        self._busy = False
+
+    @property
+    def backend(self) -> Backend:
+        return self._last
+
+    @property
+    def address(self) -> str:
+        return self._last.address
+
+    async def generate(
+        self, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
+    ) -> Generation:
+        """Complete ``prompt_ids`` on the held backend, failing over when it is down."""
+        if self._held is None:
+            raise RuntimeError("this lease has ended")
+        if self._busy:
+            raise RuntimeError("a lease makes one LLM call at a time")
+        self._busy = True
+        try:
+            return await self._call(self, prompt_ids, max_tokens, sampling)
+        finally:
+            self._busy = False
+
+    def _hold(self, backend: Backend) -> None:
+        self._held = self._last = backend
+
+    def _release_hold(self) -> Backend | None:
+        held, self._held = self._held, None
+        return held
+
+
+Picker = Callable[[Sequence[Backend]], Backend]
+"""Chooses one backend among non-empty candidates that are healthy and have room."""
+
+
+def least_inflight(candidates: Sequence[Backend]) -> Backend:
+    """Fewest jobs in flight now per unit of weight; ties to the least assigned in total."""
+    return min(candidates, key=lambda b: (b.inflight / b.weight, b.assigned))
+
+
+class _Waiter(msgspec.Struct):
+    future: asyncio.Future[Backend]
+    avoid: frozenset[str]
+
+
+class BackendPool:
+    """Registered LLM backends and the leases jobs hold on them (an async context manager).
+
+    It owns an ``aiohttp.ClientSession`` (unless one is given) and the health-probe task;
+    ``aclose()`` is idempotent and fails every job still waiting with :class:`BackendError`.
+    """
+
+    def __init__(
+        self,
+        config: PoolConfig | None = None,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        picker: Picker = least_inflight,
+    ) -> None:
+        self.config = config or PoolConfig()
+        self.picker = picker
+        self._backends: dict[str, Backend] = {}
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._session = session
+        self._owns_session = session is None
+        self._sick = asyncio.Event()
+        self._probe_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def __aenter__(self) -> BackendPool:
+        if self._session is None:
+            limit = aiohttp.TCPConnector(limit=0)
+            self._session = aiohttp.ClientSession(connector=limit)
+        self._probe_task = asyncio.create_task(self._probe_loop(), name="backend-probe")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop probing, fail waiting jobs, close the owned session. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for w in self._waiters:
+            if not w.future.done():
+                w.future.set_exception(BackendError("the backend pool is closed"))
+        self._waiters.clear()
+        task, self._probe_task = self._probe_task, None
+        if task is not None:
+            task.cancel()
+            await _wait_cancelled(task)
+        if self._owns_session and self._session is not None:
+            await self._session.close()
+
+    # -- registry --------------------------------------------------------------------
+
+    def add(
+        self,
+        address: str,
+        *,
+        api: EngineApi = "vllm",
+        weight_version: int | str | None = None,
+        max_inflight: int | None = None,
+        weight: float = 1.0,
+        model: str | None = None,
+    ) -> Backend:
+        """Register a backend, or update it (and mark it healthy) if the address is known."""
+        b = self._backends.get(address)
+        if b is None:
+            b = self._backends[address] = Backend(address, api=api)
+        b.configure(
+            api=api, weight_version=weight_version, max_inflight=max_inflight,
+            weight=weight, model=model or self.config.model,
+        )  # fmt: skip
+        self._dispatch()
+        return b
+
+    def remove(self, address: str) -> bool:
+        """Unregister ``address``; jobs holding it keep it until their lease ends."""
+        return self._backends.pop(address, None) is not None
+
+    def clear(self) -> None:
+        """Unregister every backend; new leases wait for the next :meth:`add`."""
+        self._backends.clear()
+
+    def get(self, address: str) -> Backend | None:
+        return self._backends.get(address)
+
+    @property
+    def backends(self) -> list[Backend]:
+        return list(self._backends.values())
+
+    @property
+    def waiting(self) -> int:
+        """Jobs waiting for a backend right now."""
+        return sum(1 for w in self._waiters if not w.future.done())
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        """The ``/status`` ``backends`` list (API.md fields, registration order)."""
+        return [b.snapshot() for b in self._backends.values()]
+
+    # -- leases ----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lease(self, timer: PausableTimer | None = None) -> AsyncIterator[Lease]:
+        """Hold one backend for a job's RUN stage; give it back however the body ends."""
+        if self._closed or self._probe_task is None:
+            raise RuntimeError("BackendPool is not open (use 'async with BackendPool()')")
+        lease = Lease(self._call, await self._acquire(frozenset(), timer), timer)
+        try:
+            yield lease
+        finally:
+            held = lease._release_hold()
+            if held is not None:
+                self._release(held)
+
+    async def _acquire(self, avoid: frozenset[str], timer: PausableTimer | None) -> Backend:
+        if not self._waiters:
+            b = self._pick(avoid)
+            if b is not None:
+                return self._reserve(b)
+        waiter = _Waiter(asyncio.get_running_loop().create_future(), avoid)
+        self._waiters.append(waiter)
+        try:
+            with timer.paused() if timer is not None else contextlib.nullcontext():
+                return await waiter.future
+        except BaseException:
+            self._abandon(waiter)
+            raise
+
+    def _abandon(self, waiter: _Waiter) -> None:
+        fut = waiter.future
+        if fut.done() and not fut.cancelled() and fut.exception() is None:
+            self._release(fut.result())  # handed a backend just as we were cancelled
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+
+    def _pick(self, avoid: frozenset[str]) -> Backend | None:
+        free = [b for b in self._backends.values() if b.healthy and b.has_room()]
+        preferred = [b for b in free if b.address not in avoid]
+        candidates = preferred or free
+        return self.picker(candidates) if candidates else None
+
+    def _reserve(self, b: Backend) -> Backend:
+        b.inflight += 1
+        b.assigned += 1
+        return b
+
+    def _release(self, b: Backend) -> None:
+        b.inflight -= 1
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        """Hand free capacity to waiting jobs, first come first served."""
+        while self._waiters:
+            w = self._waiters[0]
+            if w.future.done():
+                self._waiters.popleft()
+                continue
+            b = self._pick(w.avoid)
+            if b is None:
+                return
+            self._waiters.popleft()
+            w.future.set_result(self._reserve(b))
+
+    # -- calls, retries and failover -------------------------------------------------
+
+    async def _call(
+        self, lease: Lease, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
+    ) -> Generation:
+        tried: set[str] = set()
+        last: EngineUnavailable | None = None
+        for attempt in range(self.config.retries + 1):
+            b = lease.backend
+            try:
+                gen = await self._complete(b, prompt_ids, max_tokens, sampling)
+            except EngineUnavailable as exc:
+                last = exc
+                self._failed(b)
+                tried.add(b.address)
+                if attempt < self.config.retries:
+                    await self._move(lease, frozenset(tried), attempt)
+                continue
+            except EngineError as exc:
+                raise BackendError(str(exc), address=b.address) from exc
+            b.failures = 0
+            return gen
+        attempts = self.config.retries + 1
+        raise BackendError(f"LLM call failed after {attempts} attempts: {last}") from last
+
+    async def _complete(
+        self, b: Backend, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
+    ) -> Generation:
+        assert self._session is not None
+        timeout = self.config.request_timeout_s
+        if b.api == "vllm" and b.model is None:
+            b.model = await fetch_model(self._session, b.address, timeout)
+        return await complete(
+            self._session, b.api, b.address, prompt_ids, max_tokens, sampling,
+            model=b.model, timeout_s=timeout, weight_version=b.weight_version,
+        )  # fmt: skip
+
+    async def _move(self, lease: Lease, avoid: frozenset[str], attempt: int) -> None:
+        """Move the lease to the best other backend (or back to the same one, after a pause)."""
+        if self._backends and not any(b.healthy for b in self._backends.values()):
+            raise BackendError(
+                f"no healthy backend to fail over to ({len(self._backends)} registered)"
+            )
+        old = lease._release_hold()
+        assert old is not None
+        old.inflight -= 1  # give our slot back first: it may be the only one there is
+        new = self._pick(avoid)
+        if new is not None:
+            self._reserve(new)
+        self._dispatch()
+        if new is None:
+            new = await self._acquire(avoid, lease.timer)
+        lease._hold(new)
+        if new is old and self.config.retry_backoff_s > 0:
+            await asyncio.sleep(self.config.retry_backoff_s * 2**attempt)
+
+    # -- health ----------------------------------------------------------------------
+
+    def _failed(self, b: Backend) -> None:
+        b.failures += 1
+        if b.healthy and b.failures >= self.config.failure_threshold:
+            b.healthy = False
+            self._sick.set()
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await self._sick.wait()
+            await asyncio.sleep(self.config.probe_interval_s)
+            sick = [b for b in self._backends.values() if not b.healthy]
+            if not sick:
+                self._sick.clear()
+                continue
+            answers = await asyncio.gather(*(self._probe(b) for b in sick))
+            for b, ok in zip(sick, answers, strict=True):
+                if ok and self._backends.get(b.address) is b:
+                    b.healthy, b.failures = True, 0
+            self._dispatch()
+
+    async def _probe(self, b: Backend) -> bool:
+        assert self._session is not None
+        url = f"{server_root(b.address)}/health"
+        timeout = aiohttp.ClientTimeout(total=self.config.probe_timeout_s)
+        try:
+            async with self._session.get(url, timeout=timeout) as resp:
+                return resp.status == 200
+        except (aiohttp.ClientError, TimeoutError):
+            return False
+
+
+async def _wait_cancelled(task: asyncio.Task[None]) -> None:
+    """Await a task we cancelled without swallowing a cancellation aimed at us."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
