@@ -80,7 +80,7 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
-_HASH_LINE = re.compile(r"^\s*####\s*(.+?)\s*$", re.MULTILINE)
+_HASH_LINE = re.compile(r"^[ \t]*####[ \t]*(\S.*?)[ \t]*$", re.MULTILINE)
 
 
 def _hash_answer(text: str) -> str | None:
@@ -110,7 +110,7 @@ def reference_answer(ref: str) -> str:
 
 # --------------------------------------------------------------------------- normalisation
 
-_TEXT_MACROS = re.compile(r"\\(?:text|textbf|textit|textrm|mathrm|mathbf|mbox|operatorname)\s*")
+_TEXT_MACROS = re.compile(r"\\(?:textbf|textit|textrm|text|mathrm|mathbf|mbox|operatorname)\s*")
 _DROP = re.compile(
     r"\\left|\\right|\\displaystyle|\\[,;:! ]|\{,\}|\\\$|\$|\\%|%|\^\s*\{?\\circ\}?|°|"
     r"\\(?:degree|circ)\b|[€£¥]|\\euro\b|\\pounds\b"
