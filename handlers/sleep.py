@@ -1,0 +1,52 @@
+"""Built-in ``sleep`` task: set durations per stage, for smoke tests, load tests, benchmarks."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from prorl_async.handler import AgentHandler
+from prorl_async.job import Job
+
+NonNeg = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class SleepInstance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    init_s: NonNeg = 0.0
+    run_s: NonNeg = 0.0
+    eval_s: NonNeg = 0.0
+    fail_in: Literal["init", "run", "eval"] | None = None
+    reward: float = 1.0
+
+
+class SleepFailure(RuntimeError):
+    """The failure a ``sleep`` job was asked to raise."""
+
+
+class SleepHandler(AgentHandler):
+    """Each stage awaits its duration (cancellable) and raises where ``fail_in`` says."""
+
+    name = "sleep"
+    instance_type = SleepInstance
+
+    async def _stage(self, job: Job, stage: str, seconds: float) -> None:
+        inst: SleepInstance = job.instance
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+        if inst.fail_in == stage:
+            raise SleepFailure(f"sleep task asked to fail in {stage}")
+
+    async def init(self, job: Job) -> None:
+        await self._stage(job, "init", job.instance.init_s)
+
+    async def run(self, job: Job) -> None:
+        await self._stage(job, "run", job.instance.run_s)
+
+    async def eval(self, job: Job) -> None:
+        await self._stage(job, "eval", job.instance.eval_s)
+        job.reward = job.instance.reward
+
+    def final_result(self, job: Job) -> dict[str, Any]:
+        return {}

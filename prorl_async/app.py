@@ -1,0 +1,77 @@
+"""The aiohttp application and a ``run_server`` context manager for it."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from aiohttp import web
+
+from prorl_async.config import ServerConfig
+from prorl_async.handler import HandlerRegistry
+from prorl_async.middleware import MAX_BODY, error_middleware, make_auth_middleware
+from prorl_async.routes import SERVICE, routes
+from prorl_async.service import RolloutService
+
+__all__ = ["build_app", "run_server"]
+
+log = logging.getLogger(__name__)
+
+
+def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> web.Application:
+    """The web application; app-wide resources live in one cleanup context."""
+    app = web.Application(
+        middlewares=[error_middleware, make_auth_middleware(config.token)],
+        client_max_size=config.max_body_bytes,
+    )
+    app[MAX_BODY] = config.max_body_bytes
+    service = RolloutService(config, registry)
+    app[SERVICE] = service
+    app.add_routes(routes)
+    app.cleanup_ctx.append(_service_ctx)
+    return app
+
+
+async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
+    from prorl_async.setup import open_services  # optional parts: pool, runtime, tokenizer
+
+    service = app[SERVICE]
+    async with open_services(service.services):
+        service.start()
+        try:
+            yield
+        finally:
+            await service.aclose()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.setblocking(False)
+    return sock
+
+
+@asynccontextmanager
+async def run_server(
+    config: ServerConfig, registry: HandlerRegistry | None = None
+) -> AsyncIterator[tuple[web.Application, str]]:
+    """Serve on ``config.host:config.port`` (port 0 picks a free one); yields (app, base URL).
+
+    On exit: stop intake, cancel and release every job, close the listener.
+    """
+    app = build_app(config, registry)
+    # A client that goes away mid-poll must cancel its handler so no waiter is left.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        sock = _bind(config.host, config.port)
+        site = web.SockSite(runner, sock, shutdown_timeout=1.0)
+        await site.start()
+        host, port = sock.getsockname()[:2]
+        url_host = f"[{host}]" if ":" in host else host
+        yield app, f"http://{url_host}:{port}"
+    finally:
+        await runner.cleanup()

@@ -1,0 +1,86 @@
+"""The ``prorl-async`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from prorl_async.config import ConfigError, load_config
+
+__all__ = ["main"]
+
+
+def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("serve", help="run the rollout server")
+    p.add_argument("--host", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8400)")
+    p.add_argument("--config", help="TOML file with ServerConfig fields")
+    p.add_argument("--token", help="require 'Authorization: Bearer TOKEN'")
+    p.add_argument("--init-workers", type=int)
+    p.add_argument("--run-workers", type=int)
+    p.add_argument("--eval-workers", type=int)
+    p.add_argument("--state-dir", help="where the server writes (default: per-user cache dir)")
+    p.add_argument("--tokenizer", help="Hugging Face tokenizer directory (default: bundled demo)")
+    p.add_argument("--runtime", help="sandbox runtime: auto|bwrap|apptainer|local")
+    p.add_argument("--max-model-len", type=int)
+    p.add_argument("--log-level")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from prorl_async.server import serve
+
+    keys = (
+        "host",
+        "port",
+        "token",
+        "init_workers",
+        "run_workers",
+        "eval_workers",
+        "state_dir",
+        "tokenizer",
+        "runtime",
+        "max_model_len",
+        "log_level",
+    )
+    try:
+        config = load_config(path=args.config, overrides={k: getattr(args, k) for k in keys})
+    except ConfigError as exc:
+        print(f"prorl-async: {exc}", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="prorl-async", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    _serve_parser(sub)
+    for name, text in (
+        ("scripted-llm", "run the scripted LLM test double (vLLM/SGLang protocol)"),
+        ("build-image", "build an Apptainer .sif from a template in sif_templates/"),
+        ("demo", "run the demo: server + scripted LLM + a task mix, print a summary"),
+    ):
+        sub.add_parser(name, help=text, add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "serve":
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return _serve(args)
+    return _delegate(args.command, rest)
+
+
+def _delegate(command: str, rest: list[str]) -> int:
+    import importlib
+
+    module = {
+        "scripted-llm": "prorl_async.scripted_llm",
+        "build-image": "prorl_async.images",
+        "demo": "prorl_async.demo",
+    }[command]
+    run = importlib.import_module(module).main
+    return int(run(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

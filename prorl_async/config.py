@@ -1,0 +1,105 @@
+"""Server configuration: one typed struct, loaded from TOML, ``PRORL_*`` env and flags.
+
+Precedence, lowest to highest: built-in defaults, the TOML file, environment
+variables (``PRORL_RUN_WORKERS=64``), command-line flags.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+__all__ = ["ConfigError", "ServerConfig", "default_state_dir", "load_config"]
+
+
+def default_state_dir() -> str:
+    """A per-user cache directory: ``$XDG_CACHE_HOME/prorl-async`` or ``~/.cache/prorl-async``."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "prorl-async")
+
+
+class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything the server can be told. Field names double as TOML keys and flags."""
+
+    host: str = "127.0.0.1"
+    port: int = 8400
+    token: str | None = None
+    state_dir: str = msgspec.field(default_factory=default_state_dir)
+    init_workers: int = 8
+    run_workers: int = 64
+    eval_workers: int = 16
+    # Unfinished jobs admitted at once; beyond this submit answers 503 + Retry-After.
+    max_jobs: int = 100_000
+    default_timeout_s: float = 3600.0
+    # Longest a single long-poll may wait; a larger ?wait= is cut to this.
+    max_wait_s: float = 300.0
+    # Terminal results are kept this long, then dropped (bounded memory).
+    retention_s: float = 3600.0
+    # Ids of cancelled jobs are remembered this long so a late resubmit cannot resurrect them.
+    tombstone_s: float = 86_400.0
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_batch: int = 10_000
+    # Seconds given to stage tasks to release their resources at stop.
+    stop_grace_s: float = 30.0
+    # LLM side (used by handlers that run the agent loop).
+    tokenizer: str | None = None
+    max_model_len: int = 32768
+    runtime: str = "auto"
+    log_level: str = "info"
+
+
+class ConfigError(ValueError):
+    """A configuration value was wrong; the message names it."""
+
+
+_ENV_PREFIX = "PRORL_"
+
+
+def _env_overrides(env: Mapping[str, str]) -> dict[str, Any]:
+    fields = set(ServerConfig.__struct_fields__)
+    out: dict[str, Any] = {}
+    for key, value in env.items():
+        if key.startswith(_ENV_PREFIX):
+            name = key[len(_ENV_PREFIX) :].lower()
+            if name in fields:
+                out[name] = value
+    return out
+
+
+def load_config(
+    *,
+    path: str | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> ServerConfig:
+    """Build the config from a TOML file, ``PRORL_*`` variables and explicit overrides."""
+    merged: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                merged.update(tomllib.load(f))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise ConfigError(f"config file {path}: {exc}") from exc
+    # Environment values are strings: str_values lets "64" become an int field.
+    merged.update(_env_overrides(os.environ if env is None else env))
+    merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        cfg = msgspec.convert(merged, ServerConfig, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from exc
+    _check(cfg)
+    return cfg
+
+
+def _check(cfg: ServerConfig) -> None:
+    for name in ("init_workers", "run_workers", "eval_workers", "max_jobs", "max_batch"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    for name in ("default_timeout_s", "max_wait_s", "retention_s"):
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")

@@ -1,0 +1,137 @@
+"""A job: one rollout moving through INIT -> RUN -> EVAL."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from contextlib import AsyncExitStack
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from prorl_async.schemas import ErrorInfo
+from prorl_async.timer import PausableTimer
+
+if TYPE_CHECKING:
+    from contextlib import AbstractAsyncContextManager
+
+    from prorl_async.handler import AgentHandler
+    from prorl_async.services import Services
+
+__all__ = ["TERMINAL", "Job", "Stage", "TrajectoryLike"]
+
+T = TypeVar("T")
+
+
+class Stage(enum.StrEnum):
+    INIT = "init"
+    RUN = "run"
+    EVAL = "eval"
+
+
+TERMINAL = frozenset({"done", "failed", "cancelled", "timed_out"})
+
+
+class TrajectoryLike(Protocol):
+    """What a handler's trajectory must offer for the result document."""
+
+    def to_result(self) -> dict[str, Any]: ...
+
+
+class Job:
+    """Mutable state of one rollout. Handlers read ``instance`` and write ``reward``,
+    ``eval``, ``trajectory`` and ``state``; the pipeline owns everything else."""
+
+    def __init__(
+        self,
+        *,
+        job_id: str,
+        task: str,
+        handler: AgentHandler,
+        instance: Any,
+        sampling_params: dict[str, Any],
+        timeout_s: float,
+        metadata: dict[str, Any],
+        services: Services,
+    ) -> None:
+        self.id = job_id
+        self.task = task
+        self.handler = handler
+        self.instance = instance
+        self.sampling_params = sampling_params
+        self.metadata = metadata
+        self.services = services
+        self.status = "queued_init"
+        self.timer = PausableTimer(timeout_s)
+        self.reward: float | None = None
+        self.eval: dict[str, Any] = {}
+        self.trajectory: TrajectoryLike | None = None
+        self.state: dict[str, Any] = {}
+        self.error: ErrorInfo | None = None
+        self.result: bytes | None = None
+        self.cancel_requested = False
+        self.stage_task: asyncio.Task[Any] | None = None
+        self.stage_active: dict[Stage, float] = {}
+        self.stage_wall: dict[Stage, float] = {}
+        self.queued_s = 0.0
+        self.submitted_at = time.monotonic()
+        self.finished_at = 0.0
+        self._queued_since: float | None = time.monotonic()
+        self.queue_stage: Stage | None = None
+        self._resources: AsyncExitStack | None = None
+        self._waiters: list[asyncio.Event] | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+    # -- resources -------------------------------------------------------------------------
+
+    async def hold(self, cm: AbstractAsyncContextManager[T]) -> T:
+        """Enter ``cm`` (a sandbox, a kernel...) and keep it until the job releases it.
+
+        Whatever a job holds is released right after RUN (before EVAL), after a
+        failed stage, and on cancel or timeout.
+        """
+        if self._resources is None:
+            self._resources = AsyncExitStack()
+        return await self._resources.enter_async_context(cm)
+
+    @property
+    def holds_resources(self) -> bool:
+        return self._resources is not None
+
+    async def release(self) -> None:
+        """Close everything the job holds, last acquired first. Idempotent."""
+        stack, self._resources = self._resources, None
+        if stack is not None:
+            await stack.aclose()
+
+    # -- queue time ------------------------------------------------------------------------
+
+    def enter_queue(self, stage: Stage) -> None:
+        self.status = f"queued_{stage.value}"
+        self._queued_since = time.monotonic()
+
+    def leave_queue(self) -> None:
+        if self._queued_since is not None:
+            self.queued_s += time.monotonic() - self._queued_since
+            self._queued_since = None
+
+    # -- completion waiters ----------------------------------------------------------------
+
+    def add_waiter(self, event: asyncio.Event) -> None:
+        if self._waiters is None:
+            self._waiters = []
+        self._waiters.append(event)
+
+    def remove_waiter(self, event: asyncio.Event) -> None:
+        if self._waiters is not None:
+            try:
+                self._waiters.remove(event)
+            except ValueError:
+                pass
+
+    def wake_waiters(self) -> None:
+        waiters, self._waiters = self._waiters, None
+        for event in waiters or ():
+            event.set()

@@ -1,0 +1,116 @@
+"""Prometheus metrics: counters/histograms fed by events, live gauges read at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["LiveState", "Metrics"]
+
+_STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800)
+_TOOL_BUCKETS = (0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300)
+
+
+class LiveState:
+    """Callables that read live server state; each returns the current value."""
+
+    def __init__(
+        self,
+        *,
+        queues: Callable[[], dict[str, int]],
+        active: Callable[[], dict[str, int]],
+        poll_waiters: Callable[[], int],
+        sandboxes: Callable[[], int],
+        backends: Callable[[], list[dict[str, Any]]],
+        backend_waiting: Callable[[], int],
+        unfinished: Callable[[], int],
+    ) -> None:
+        self.queues = queues
+        self.active = active
+        self.poll_waiters = poll_waiters
+        self.sandboxes = sandboxes
+        self.backends = backends
+        self.backend_waiting = backend_waiting
+        self.unfinished = unfinished
+
+
+class _LiveCollector(Collector):
+    def __init__(self, state: LiveState) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._state
+        yield _labelled("prorl_queue_depth", "Jobs waiting in a stage queue", "stage", s.queues())
+        yield _labelled("prorl_active_jobs", "Jobs inside a stage now", "stage", s.active())
+        yield GaugeMetricFamily(
+            "prorl_poll_waiters", "Long-poll requests waiting now", value=s.poll_waiters()
+        )
+        yield GaugeMetricFamily("prorl_sandboxes", "Live sandboxes", value=s.sandboxes())
+        yield GaugeMetricFamily(
+            "prorl_unfinished_jobs", "Jobs admitted and not yet terminal", value=s.unfinished()
+        )
+        yield GaugeMetricFamily(
+            "prorl_backend_waiting",
+            "RUN stages waiting for an LLM backend (timer paused)",
+            value=s.backend_waiting(),
+        )
+        backends = s.backends()
+        inflight = {b["address"]: b["inflight"] for b in backends}
+        yield _labelled("prorl_backend_inflight", "Jobs holding each backend", "backend", inflight)
+        healthy = {b["address"]: int(b["healthy"]) for b in backends}
+        yield _labelled("prorl_backend_healthy", "1 if the backend is healthy", "backend", healthy)
+
+
+def _labelled(name: str, doc: str, label: str, values: dict[str, int]) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, doc, labels=[label])
+    for key, value in values.items():
+        family.add_metric([key], value)
+    return family
+
+
+class Metrics:
+    """One registry per server (so several servers can live in one process)."""
+
+    def __init__(self, state: LiveState) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.jobs_total = Counter(
+            "prorl_jobs", "Jobs that ended, by status", ["status"], registry=self.registry
+        )
+        for status in ("done", "failed", "cancelled", "timed_out"):
+            self.jobs_total.labels(status)
+        self.stage_seconds = Histogram(
+            "prorl_stage_seconds",
+            "Active seconds spent in a stage",
+            ["stage"],
+            buckets=_STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.tool_seconds = Histogram(
+            "prorl_tool_seconds",
+            "Seconds per tool call",
+            ["tool"],
+            buckets=_TOOL_BUCKETS,
+            registry=self.registry,
+        )
+        self.clamped_logprobs = Counter(
+            "prorl_clamped_logprobs",
+            "Missing or non-finite logprobs from backends, clamped",
+            registry=self.registry,
+        )
+        self.registry.register(_LiveCollector(state))
+
+    def stage_finished(self, stage: str, seconds: float) -> None:
+        self.stage_seconds.labels(stage).observe(seconds)
+
+    def job_finished(self, status: str) -> None:
+        self.jobs_total.labels(status).inc()
+
+    def tool_called(self, tool: str, seconds: float) -> None:
+        self.tool_seconds.labels(tool).observe(seconds)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

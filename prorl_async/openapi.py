@@ -1,0 +1,175 @@
+"""OpenAPI 3 document of the HTTP routes, with schemas generated from the msgspec structs."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import msgspec
+
+from prorl_async import __version__
+from prorl_async.schemas import (
+    AddLLMServerRequest,
+    BatchRequest,
+    BatchResponse,
+    CancelRequest,
+    CancelResponse,
+    JobStatusResponse,
+    PollRequest,
+    PollResponse,
+    Problem,
+    ProcessRequest,
+    RemoveLLMServerRequest,
+    ResultDoc,
+    StatusResponse,
+    SubmitResponse,
+)
+
+__all__ = ["openapi_document"]
+
+_REF = "#/components/schemas/{name}"
+_TYPES: list[Any] = [
+    ProcessRequest,
+    BatchRequest,
+    PollRequest,
+    CancelRequest,
+    AddLLMServerRequest,
+    RemoveLLMServerRequest,
+    SubmitResponse,
+    BatchResponse,
+    JobStatusResponse,
+    ResultDoc,
+    PollResponse,
+    CancelResponse,
+    StatusResponse,
+    Problem,
+]
+
+
+def _ref(t: type[Any]) -> dict[str, Any]:
+    return {"$ref": _REF.format(name=t.__name__)}
+
+
+def _body(t: type[Any]) -> dict[str, Any]:
+    return {"required": True, "content": {"application/json": {"schema": _ref(t)}}}
+
+
+def _resp(desc: str, t: type[Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": desc}
+    if t is not None:
+        out["content"] = {"application/json": {"schema": _ref(t)}}
+    return out
+
+
+_PROBLEM = {
+    "description": "problem+json error",
+    "content": {"application/problem+json": {"schema": _ref(Problem)}},
+}
+
+
+def _op(summary: str, body: type[Any] | None, responses: dict[str, Any]) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": {**responses, "default": _PROBLEM}}
+    if body is not None:
+        op["requestBody"] = _body(body)
+    return op
+
+
+_JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_WAIT = {"name": "wait", "in": "query", "required": False, "schema": {"type": "number"}}
+
+
+def _paths() -> dict[str, Any]:
+    backends = _resp("the backend list")
+    return {
+        "/process": {
+            "post": _op(
+                "Submit one rollout",
+                ProcessRequest,
+                {
+                    "202": _resp("queued", SubmitResponse),
+                    "200": _resp("already known", SubmitResponse),
+                },
+            )
+        },
+        "/process/batch": {
+            "post": _op(
+                "Submit many rollouts", BatchRequest, {"202": _resp("queued", BatchResponse)}
+            )
+        },
+        "/jobs/{job_id}": {
+            "get": {
+                **_op(
+                    "Long-poll one job",
+                    None,
+                    {
+                        "200": _resp("terminal result", ResultDoc),
+                        "202": _resp("not finished yet", JobStatusResponse),
+                    },
+                ),
+                "parameters": [_JOB_ID, _WAIT],
+            },
+            "delete": {
+                **_op("Forget a job (cancelling it first)", None, {"204": _resp("deleted")}),
+                "parameters": [_JOB_ID],
+            },
+        },
+        "/poll": {
+            "post": _op(
+                "Long-poll many jobs",
+                PollRequest,
+                {"200": _resp("done/pending/unknown", PollResponse)},
+            )
+        },
+        "/cancel": {
+            "post": _op(
+                "Cancel jobs",
+                CancelRequest,
+                {"200": _resp("what happened to each id", CancelResponse)},
+            )
+        },
+        "/add_llm_server": {
+            "post": _op("Register or update an LLM backend", AddLLMServerRequest, {"200": backends})
+        },
+        "/remove_llm_server": {
+            "post": _op("Remove an LLM backend", RemoveLLMServerRequest, {"200": backends})
+        },
+        "/clear_llm_server": {"post": _op("Remove every LLM backend", None, {"200": backends})},
+        "/start": {
+            "post": _op("Accept jobs again", None, {"200": _resp("status", StatusResponse)})
+        },
+        "/stop": {
+            "post": _op(
+                "Cancel all jobs, refuse new ones", None, {"200": _resp("status", StatusResponse)}
+            )
+        },
+        "/status": {"get": _op("Server status", None, {"200": _resp("status", StatusResponse)})},
+        "/metrics": {
+            "get": _op(
+                "Prometheus metrics",
+                None,
+                {
+                    "200": {
+                        "description": "Prometheus text format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            )
+        },
+        "/healthz": {"get": _op("Liveness", None, {"200": _resp("alive")})},
+        "/openapi.json": {"get": _op("This document", None, {"200": _resp("OpenAPI 3")})},
+    }
+
+
+@functools.cache
+def openapi_document() -> dict[str, Any]:
+    _, components = msgspec.json.schema_components(_TYPES, ref_template=_REF)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "prorl-async", "version": __version__},
+        "paths": _paths(),
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
+        "security": [{}, {"bearer": []}],
+    }

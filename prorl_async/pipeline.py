@@ -1,0 +1,257 @@
+"""The three-stage pipeline: INIT -> RUN -> EVAL on one event loop.
+
+Each stage is an ``asyncio.Queue`` drained by a fixed set of worker coroutines
+whose concurrency is bounded by a semaphore sized for that stage. A stage runs
+as its own task so it can be cancelled (cancel, timeout, stop) without touching
+the worker, which always goes on to the next job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+from prorl_async.job import Job, Stage
+from prorl_async.result import encode_result
+from prorl_async.schemas import ErrorInfo
+from prorl_async.store import JobStore
+
+__all__ = ["Pipeline", "PipelineObserver"]
+
+log = logging.getLogger(__name__)
+
+_NEXT = {Stage.INIT: Stage.RUN, Stage.RUN: Stage.EVAL}
+
+
+class Outcome(enum.Enum):
+    OK = "ok"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+
+
+class PipelineObserver(Protocol):
+    """Receives events for metrics (counters and histograms only)."""
+
+    def stage_finished(self, stage: str, seconds: float) -> None: ...
+    def job_finished(self, status: str) -> None: ...
+
+
+class Pipeline:
+    """Owns the stage queues and workers; moves jobs through the stages."""
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        workers: dict[Stage, int],
+        observer: PipelineObserver | None = None,
+        stop_grace_s: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.workers = dict(workers)
+        self.observer = observer
+        self.stop_grace_s = stop_grace_s
+        self.accepting = False
+        self.queues: dict[Stage, asyncio.Queue[Job]] = {s: asyncio.Queue() for s in Stage}
+        self.queued: dict[Stage, int] = dict.fromkeys(Stage, 0)
+        self.active: dict[Stage, int] = dict.fromkeys(Stage, 0)
+        self._sems = {s: asyncio.Semaphore(n) for s, n in self.workers.items()}
+        self._worker_tasks: list[asyncio.Task[None]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the workers (once) and accept jobs."""
+        if not self._worker_tasks:
+            for stage, count in self.workers.items():
+                for i in range(count):
+                    task = asyncio.create_task(self._work(stage), name=f"worker-{stage}-{i}")
+                    self._worker_tasks.append(task)
+        self.accepting = True
+
+    async def stop(self) -> None:
+        """Refuse new jobs, cancel every unfinished one and wait until all are released."""
+        self.accepting = False
+        jobs = self.store.unfinished()
+        if not jobs:
+            return
+        tasks = [self._spawn(self._cancel(job)) for job in jobs]
+        done, pending = await asyncio.wait(tasks, timeout=self.stop_grace_s)
+        if pending:
+            log.error(
+                "%d jobs did not release their resources within %.0fs",
+                len(pending),
+                self.stop_grace_s,
+            )
+
+    async def aclose(self) -> None:
+        """Stop, then end the workers and any helper task."""
+        await self.stop()
+        for task in self._worker_tasks:
+            task.cancel()
+        await asyncio.gather(*self._worker_tasks, return_exceptions=True)
+        self._worker_tasks.clear()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    # -- intake and cancel -----------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        self.store.add(job)
+        self._enqueue(job, Stage.INIT)
+
+    async def cancel(self, job: Job) -> bool:
+        """Cancel a job wherever it is; returns False if it had already finished.
+
+        Returns only after the job's stage task has ended and everything it held is
+        released. Shielded: a caller that goes away does not leave a half-cancelled job.
+        """
+        if job.terminal:
+            return False
+        await asyncio.shield(self._spawn(self._cancel(job)))
+        return True
+
+    async def _cancel(self, job: Job) -> None:
+        if job.terminal:
+            return
+        job.cancel_requested = True
+        self._dequeue(job)
+        task = job.stage_task
+        if task is not None:
+            task.cancel()
+            await asyncio.wait((task,))
+        else:
+            await self._release(job)
+        self._finish(job, "cancelled")
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def _enqueue(self, job: Job, stage: Stage) -> None:
+        job.enter_queue(stage)
+        job.queue_stage = stage
+        self.queued[stage] += 1
+        self.queues[stage].put_nowait(job)
+
+    def _dequeue(self, job: Job) -> bool:
+        stage = job.queue_stage
+        if stage is None:
+            return False
+        job.queue_stage = None
+        self.queued[stage] -= 1
+        job.leave_queue()
+        return True
+
+    async def _work(self, stage: Stage) -> None:
+        queue, sem = self.queues[stage], self._sems[stage]
+        while True:
+            job = await queue.get()
+            if not self._dequeue(job):
+                continue  # cancelled while it waited in the queue
+            async with sem:
+                if not job.cancel_requested:
+                    await self._process(job, stage)
+
+    async def _process(self, job: Job, stage: Stage) -> None:
+        job.status = stage.value
+        self.active[stage] += 1
+        task = asyncio.create_task(self._execute(job, stage), name=f"{stage}:{job.id}")
+        job.stage_task = task
+        try:
+            await asyncio.wait((task,))
+        except asyncio.CancelledError:
+            # The worker itself is being shut down: the job goes with it.
+            job.cancel_requested = True
+            task.cancel()
+            await asyncio.wait((task,))
+            self._finish(job, "cancelled")
+            raise
+        finally:
+            self.active[stage] -= 1
+            job.stage_task = None
+        self._advance(job, stage, task)
+
+    def _advance(self, job: Job, stage: Stage, task: asyncio.Task[Any]) -> None:
+        if job.terminal:
+            return
+        if task.cancelled() or job.cancel_requested:
+            self._finish(job, "cancelled")
+            return
+        outcome, exc = task.result()
+        if outcome is Outcome.OK:
+            nxt = _NEXT.get(stage)
+            if nxt is None:
+                self._finish(job, "done")
+            else:
+                self._enqueue(job, nxt)
+        elif outcome is Outcome.TIMED_OUT:
+            msg = f"active time budget of {job.timer.budget:g}s ran out during {stage.value}"
+            self._finish(job, "timed_out", ErrorInfo(stage.value, "TimeoutError", msg))
+        else:
+            self._finish(job, "failed", ErrorInfo(stage.value, type(exc).__name__, str(exc)))
+
+    async def _execute(self, job: Job, stage: Stage) -> tuple[Outcome, BaseException | None]:
+        keep = False
+        before, t0 = job.timer.elapsed(), time.monotonic()
+        timeout: asyncio.Timeout | None = None
+        try:
+            async with job.timer.deadline() as timeout:
+                await getattr(job.handler, stage.value)(job)
+            keep = stage is Stage.INIT
+            return Outcome.OK, None
+        except TimeoutError as exc:
+            hit = timeout is not None and timeout.expired()
+            self._notify(job, stage, exc)
+            return (Outcome.TIMED_OUT if hit else Outcome.FAILED), exc
+        except Exception as exc:
+            self._notify(job, stage, exc)
+            return Outcome.FAILED, exc
+        finally:
+            active = job.timer.elapsed() - before
+            job.stage_active[stage] = job.stage_active.get(stage, 0.0) + active
+            job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + time.monotonic() - t0
+            if self.observer is not None:
+                self.observer.stage_finished(stage.value, active)
+            # What the job holds is freed after RUN (before EVAL) and on any failure.
+            if not keep:
+                await self._release(job)
+
+    @staticmethod
+    def _notify(job: Job, stage: Stage, exc: BaseException) -> None:
+        try:
+            getattr(job.handler, f"{stage.value}_exception")(job, exc)
+        except Exception:
+            log.exception("%s_exception of task %r raised", stage.value, job.task)
+
+    @staticmethod
+    async def _release(job: Job) -> None:
+        try:
+            await job.release()
+        except Exception:
+            log.exception("releasing resources of job %s failed", job.id)
+
+    def _finish(self, job: Job, status: str, error: ErrorInfo | None = None) -> None:
+        if job.terminal:
+            return
+        job.leave_queue()
+        job.status = status
+        job.error = error
+        job.finished_at = time.monotonic()
+        job.result = encode_result(job)
+        # The encoded result is all that is kept: drop the heavy live state.
+        job.instance = job.trajectory = None
+        job.state.clear()
+        self.store.finished(job)
+        if self.observer is not None:
+            self.observer.job_finished(status)
+        job.wake_waiters()

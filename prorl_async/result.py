@@ -1,0 +1,96 @@
+"""Building the result document of a terminal job (API.md)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+
+from prorl_async.job import Job, Stage
+
+__all__ = ["encode_result", "timing"]
+
+log = logging.getLogger(__name__)
+
+_encoder = msgspec.json.Encoder()
+
+_EMPTY_TRAJECTORY: dict[str, Any] = {
+    "prompt_ids": [],
+    "response_ids": [],
+    "response_mask": [],
+    "response_logprobs": [],
+    "num_turns": 0,
+    "turns": [],
+    "weight_versions": [],
+}
+
+
+def timing(job: Job) -> dict[str, float]:
+    active = {s: job.stage_active.get(s, 0.0) for s in Stage}
+    wall = sum(job.stage_wall.values())
+    total_active = sum(active.values())
+    return {
+        "queued_s": round(job.queued_s, 6),
+        "init_s": round(active[Stage.INIT], 6),
+        "run_s": round(active[Stage.RUN], 6),
+        "eval_s": round(active[Stage.EVAL], 6),
+        "active_s": round(total_active, 6),
+        # Time inside a stage with the timer paused (waiting for an LLM backend).
+        "backend_wait_s": round(max(wall - total_active, 0.0), 6),
+    }
+
+
+def _trajectory_fields(job: Job) -> dict[str, Any]:
+    if job.trajectory is None:
+        return dict(_EMPTY_TRAJECTORY)
+    fields = dict(_EMPTY_TRAJECTORY)
+    fields.update(job.trajectory.to_result())
+    fields["num_turns"] = sum(1 for t in fields["turns"] if t.get("role") == "assistant")
+    return fields
+
+
+def _extra(job: Job) -> dict[str, Any]:
+    try:
+        return dict(job.handler.final_result(job))
+    except Exception:
+        log.exception("final_result of task %r raised", job.task)
+        return {}
+
+
+def encode_result(job: Job) -> bytes:
+    """The JSON result document, encoded once when the job ends."""
+    doc: dict[str, Any] = {
+        "job_id": job.id,
+        "task": job.task,
+        "status": job.status,
+        "reward": job.reward,
+    }
+    doc.update(_trajectory_fields(job))
+    doc["error"] = None if job.error is None else msgspec.structs.asdict(job.error)
+    doc["timing"] = timing(job)
+    doc["eval"] = job.eval
+    doc["metadata"] = job.metadata
+    for key, value in _extra(job).items():
+        doc.setdefault(key, value)  # extras never overwrite contract fields
+    try:
+        return _encoder.encode(doc)
+    except (TypeError, ValueError) as exc:
+        log.error("result of job %s is not JSON-encodable (%s); dropping eval details", job.id, exc)
+        doc["eval"] = {"error": f"eval details not encodable: {exc}"}
+        return _encoder.encode({k: v for k, v in doc.items() if k in _CONTRACT_KEYS})
+
+
+_CONTRACT_KEYS = frozenset(
+    [
+        "job_id",
+        "task",
+        "status",
+        "reward",
+        "error",
+        "timing",
+        "eval",
+        "metadata",
+        *_EMPTY_TRAJECTORY,
+    ]
+)

@@ -1,0 +1,224 @@
+"""HTTP routes (API.md). Thin: decode, call the service, encode."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from prorl_async.errors import BadRequest, NotFound, PayloadTooLarge, Unavailable
+from prorl_async.openapi import openapi_document
+from prorl_async.schemas import (
+    AddLLMServerRequest,
+    BatchRequest,
+    BatchResponse,
+    CancelRequest,
+    JobStatusResponse,
+    PollRequest,
+    PollResponse,
+    ProcessRequest,
+    RemoveLLMServerRequest,
+    SubmitResponse,
+)
+from prorl_async.service import RolloutService
+
+__all__ = ["SERVICE", "routes"]
+
+T = TypeVar("T")
+
+SERVICE = web.AppKey("service", RolloutService)
+routes = web.RouteTableDef()
+
+_encoder = msgspec.json.Encoder()
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {
+    t: msgspec.json.Decoder(t)
+    for t in (
+        ProcessRequest,
+        BatchRequest,
+        PollRequest,
+        CancelRequest,
+        AddLLMServerRequest,
+        RemoveLLMServerRequest,
+    )
+}
+
+
+def _json(obj: Any, status: int = 200) -> web.Response:
+    return web.Response(body=_encoder.encode(obj), status=status, content_type="application/json")
+
+
+async def _decode(request: web.Request, kind: type[T]) -> T:
+    body = await request.read()
+    try:
+        result: T = _decoders[kind].decode(body)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid body: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"malformed JSON body: {exc}") from None
+    return result
+
+
+def _wait_param(request: web.Request) -> float:
+    raw = request.query.get("wait", "0")
+    try:
+        wait = float(raw)
+    except ValueError:
+        raise BadRequest(f"wait: expected seconds as a number, got {raw!r}") from None
+    if not math.isfinite(wait) or wait < 0:
+        raise BadRequest(f"wait: must be a finite number >= 0, got {raw!r}")
+    return wait
+
+
+def _service(request: web.Request) -> RolloutService:
+    return request.app[SERVICE]
+
+
+# -- jobs ------------------------------------------------------------------------------------
+
+
+@routes.post("/process")
+async def process(request: web.Request) -> web.Response:
+    req = await _decode(request, ProcessRequest)
+    job_id, status, created = _service(request).submit(req)
+    return _json(SubmitResponse(job_id=job_id, status=status), 202 if created else 200)
+
+
+@routes.post("/process/batch")
+async def process_batch(request: web.Request) -> web.Response:
+    req = await _decode(request, BatchRequest)
+    svc = _service(request)
+    if len(req.jobs) > svc.config.max_batch:
+        raise PayloadTooLarge(f"jobs: {len(req.jobs)} jobs, over max_batch={svc.config.max_batch}")
+    return _json(BatchResponse(job_ids=svc.submit_batch(req.jobs)), 202)
+
+
+@routes.get("/jobs/{job_id}")
+async def get_job(request: web.Request) -> web.Response:
+    wait = _wait_param(request)
+    svc = _service(request)
+    job_id = request.match_info["job_id"]
+    job = svc.store.get(job_id)
+    if job is None:
+        raise NotFound(f"job_id: unknown job {job_id!r}")
+    await svc.wait_any([job], wait)
+    if job.result is not None:
+        return web.Response(body=job.result, content_type="application/json")
+    return _json(JobStatusResponse(job_id=job.id, status=job.status), 202)
+
+
+@routes.post("/poll")
+async def poll(request: web.Request) -> web.Response:
+    req = await _decode(request, PollRequest)
+    svc = _service(request)
+    jobs, unknown = [], []
+    for job_id in dict.fromkeys(req.job_ids):
+        job = svc.store.get(job_id)
+        if job is None:
+            unknown.append(job_id)
+        else:
+            jobs.append(job)
+    await svc.wait_any(jobs, req.wait)
+    done = [msgspec.Raw(j.result) for j in jobs if j.result is not None]
+    pending = [j.id for j in jobs if j.result is None]
+    return _json(PollResponse(done=done, pending=pending, unknown=unknown))
+
+
+@routes.delete("/jobs/{job_id}")
+async def delete_job(request: web.Request) -> web.Response:
+    svc = _service(request)
+    job_id = request.match_info["job_id"]
+    job = svc.store.get(job_id)
+    if job is None:
+        raise NotFound(f"job_id: unknown job {job_id!r}")
+    await svc.delete(job)
+    return web.Response(status=204)
+
+
+@routes.post("/cancel")
+async def cancel(request: web.Request) -> web.Response:
+    req = await _decode(request, CancelRequest)
+    ids = ([req.job_id] if req.job_id is not None else []) + (req.job_ids or [])
+    if req.job_id is None and req.job_ids is None:
+        raise BadRequest("job_id or job_ids: give one of them")
+    return _json(await _service(request).cancel(ids))
+
+
+# -- LLM backends ----------------------------------------------------------------------------
+
+
+def _pool(request: web.Request) -> Any:
+    pool = _service(request).services.pool
+    if pool is None:
+        raise Unavailable("the LLM backend pool is not running", retry_after=1)
+    return pool
+
+
+@routes.post("/add_llm_server")
+async def add_llm_server(request: web.Request) -> web.Response:
+    req = await _decode(request, AddLLMServerRequest)
+    pool = _pool(request)
+    pool.add(
+        req.address,
+        api=req.api,
+        weight_version=req.weight_version,
+        max_inflight=req.max_inflight,
+        weight=req.weight,
+        model=req.model,
+    )
+    return _json({"backends": pool.snapshot()})
+
+
+@routes.post("/remove_llm_server")
+async def remove_llm_server(request: web.Request) -> web.Response:
+    req = await _decode(request, RemoveLLMServerRequest)
+    pool = _pool(request)
+    if not pool.remove(req.address):
+        raise NotFound(f"address: no backend {req.address!r}")
+    return _json({"backends": pool.snapshot()})
+
+
+@routes.post("/clear_llm_server")
+async def clear_llm_server(request: web.Request) -> web.Response:
+    pool = _pool(request)
+    pool.clear()
+    return _json({"backends": pool.snapshot()})
+
+
+# -- lifecycle and observation ---------------------------------------------------------------
+
+
+@routes.post("/start")
+async def start(request: web.Request) -> web.Response:
+    svc = _service(request)
+    svc.start()
+    return _json(svc.status())
+
+
+@routes.post("/stop")
+async def stop(request: web.Request) -> web.Response:
+    svc = _service(request)
+    await svc.stop()
+    return _json(svc.status())
+
+
+@routes.get("/status")
+async def status(request: web.Request) -> web.Response:
+    return _json(_service(request).status())
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    body = _service(request).metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+@routes.get("/healthz")
+async def healthz(request: web.Request) -> web.Response:
+    return _json({"ok": True})
+
+
+@routes.get("/openapi.json")
+async def openapi(request: web.Request) -> web.Response:
+    return _json(openapi_document())

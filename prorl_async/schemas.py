@@ -1,0 +1,162 @@
+"""Wire types (API.md): request bodies, responses and the result document."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+__all__ = [
+    "AddLLMServerRequest",
+    "BatchRequest",
+    "BatchResponse",
+    "CancelRequest",
+    "CancelResponse",
+    "ErrorInfo",
+    "JobStatusResponse",
+    "PollRequest",
+    "PollResponse",
+    "Problem",
+    "ProcessRequest",
+    "RemoveLLMServerRequest",
+    "ResultDoc",
+    "StatusResponse",
+    "Timing",
+]
+
+JobId = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9._:@+=-]+$",
+        description="client-chosen id: letters, digits and ._:@+=-",
+    ),
+]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class ProcessRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Body of ``POST /process``; one element of ``POST /process/batch``."""
+
+    task: Annotated[str, msgspec.Meta(min_length=1)]
+    instance: dict[str, Any] = msgspec.field(default_factory=dict)
+    sampling_params: dict[str, Any] = msgspec.field(default_factory=dict)
+    job_id: JobId | None = None
+    timeout_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class BatchRequest(msgspec.Struct, forbid_unknown_fields=True):
+    jobs: list[ProcessRequest]
+
+
+class PollRequest(msgspec.Struct, forbid_unknown_fields=True):
+    job_ids: list[str]
+    wait: Seconds = 0.0
+
+
+class CancelRequest(msgspec.Struct, forbid_unknown_fields=True):
+    job_id: str | None = None
+    job_ids: list[str] | None = None
+
+
+class AddLLMServerRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    address: Annotated[str, msgspec.Meta(min_length=1)]
+    weight_version: int | str | None = None
+    max_inflight: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    api: Literal["vllm", "sglang"] = "vllm"
+    weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    model: str | None = None
+
+
+class RemoveLLMServerRequest(msgspec.Struct, forbid_unknown_fields=True):
+    address: str
+
+
+class SubmitResponse(msgspec.Struct, frozen=True):
+    job_id: str
+    status: str
+
+
+class BatchResponse(msgspec.Struct, frozen=True):
+    job_ids: list[str]
+
+
+class JobStatusResponse(msgspec.Struct, frozen=True):
+    job_id: str
+    status: str
+
+
+class ErrorInfo(msgspec.Struct, frozen=True):
+    stage: Literal["init", "run", "eval"]
+    type: str
+    message: str
+
+
+class Timing(msgspec.Struct, frozen=True):
+    queued_s: float
+    init_s: float
+    run_s: float
+    eval_s: float
+    active_s: float
+    backend_wait_s: float = 0.0
+
+
+class ResultDoc(msgspec.Struct, frozen=True, kw_only=True):
+    """The result document of a terminal job (API.md)."""
+
+    job_id: str
+    task: str
+    status: str
+    reward: float | None
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    response_logprobs: list[float]
+    num_turns: int
+    turns: list[dict[str, Any]]
+    weight_versions: list[int | str]
+    error: ErrorInfo | None
+    timing: Timing
+    eval: dict[str, Any]
+    metadata: dict[str, Any]
+
+
+class PollResponse(msgspec.Struct, frozen=True):
+    done: list[msgspec.Raw]
+    pending: list[str]
+    unknown: list[str]
+
+
+class CancelResponse(msgspec.Struct, frozen=True):
+    cancelled: list[str]
+    already_finished: list[str]
+    not_found: list[str]
+
+
+class BackendInfo(msgspec.Struct, frozen=True):
+    address: str
+    inflight: int
+    assigned: int
+    healthy: bool
+    weight_version: int | str | None
+
+
+class StatusResponse(msgspec.Struct, frozen=True):
+    state: Literal["running", "stopped"]
+    queues: dict[str, int]
+    active: dict[str, int]
+    workers: dict[str, int]
+    jobs: dict[str, int]
+    sandboxes: int
+    poll_waiters: int
+    backends: list[BackendInfo]
+    backend_waiting: int = 0
+
+
+class Problem(msgspec.Struct, frozen=True):
+    type: str
+    title: str
+    status: int
+    detail: str

@@ -1,0 +1,47 @@
+"""Running the server process: uvloop, signals, orderly shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import uvloop
+
+from prorl_async.app import run_server
+from prorl_async.config import ServerConfig
+
+__all__ = ["serve", "serve_forever"]
+
+log = logging.getLogger("prorl_async")
+
+
+async def serve_forever(config: ServerConfig, ready: asyncio.Event | None = None) -> None:
+    """Serve until SIGTERM/SIGINT, then stop intake, cancel and release every job, return."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    signals = (signal.SIGTERM, signal.SIGINT)
+    for sig in signals:
+        # The handler only sets a flag; shutdown runs in order below.
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with run_server(config) as (_, url):
+            log.info("prorl-async listening on %s (state dir %s)", url, config.state_dir)
+            if ready is not None:
+                ready.set()
+            await stop.wait()
+            log.info("signal received: stopping")
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+    log.info("stopped cleanly")
+
+
+def serve(config: ServerConfig) -> int:
+    """Blocking entry point for ``prorl-async serve``; returns the exit code."""
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    uvloop.run(serve_forever(config))
+    return 0

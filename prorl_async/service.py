@@ -1,0 +1,255 @@
+"""The rollout service: admission, polling, cancel and status on top of the pipeline.
+
+HTTP routes are thin wrappers around this class, so the same logic serves the
+server, the tests and the benchmarks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+from prorl_async.config import ServerConfig
+from prorl_async.errors import Unavailable, Unprocessable
+from prorl_async.handler import AgentHandler, HandlerRegistry, InstanceError
+from prorl_async.job import Job, Stage
+from prorl_async.metrics import LiveState, Metrics
+from prorl_async.pipeline import Pipeline
+from prorl_async.schemas import BackendInfo, CancelResponse, ProcessRequest, StatusResponse
+from prorl_async.services import Services
+from prorl_async.store import MemoryJobStore
+
+__all__ = ["RolloutService"]
+
+log = logging.getLogger(__name__)
+
+
+class RolloutService:
+    """Owns the store, the pipeline, the metrics and the app-wide services."""
+
+    def __init__(self, config: ServerConfig, registry: HandlerRegistry | None = None) -> None:
+        self.config = config
+        self.registry = registry if registry is not None else HandlerRegistry.discover()
+        self.services = Services(config)
+        self.store = MemoryJobStore(retention_s=config.retention_s, tombstone_s=config.tombstone_s)
+        self.poll_waiters = 0
+        self.metrics = Metrics(self._live_state())
+        self.services.metrics = self.metrics
+        workers = {
+            Stage.INIT: config.init_workers,
+            Stage.RUN: config.run_workers,
+            Stage.EVAL: config.eval_workers,
+        }
+        self.pipeline = Pipeline(
+            store=self.store,
+            workers=workers,
+            observer=self.metrics,
+            stop_grace_s=config.stop_grace_s,
+        )
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.pipeline.start()
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep(), name="retention-sweeper")
+
+    async def stop(self) -> None:
+        await self.pipeline.stop()
+
+    async def aclose(self) -> None:
+        """Stop intake, cancel and release every job, end workers, close handlers."""
+        await self.pipeline.aclose()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+            self._sweeper = None
+        for handler in self.registry.handlers():
+            try:
+                await handler.aclose()
+            except Exception:
+                log.exception("closing handler %r failed", handler.name)
+
+    async def _sweep(self) -> None:
+        interval = min(max(self.config.retention_s / 4, 0.05), 30.0)
+        while True:
+            # Periodic maintenance, not synchronisation: expiry is checked by deadline.
+            await asyncio.sleep(interval)
+            self.store.expire()
+
+    # -- submit ----------------------------------------------------------------------------
+
+    def existing(self, job_id: str | None) -> tuple[str, str] | None:
+        """(id, status) of an already-known id: idempotent resubmits create nothing."""
+        if job_id is None:
+            return None
+        job = self.store.get(job_id)
+        if job is not None:
+            return job.id, job.status
+        if self.store.is_tombstoned(job_id):
+            return job_id, "cancelled"
+        return None
+
+    def check_accepting(self, count: int = 1) -> None:
+        if not self.pipeline.accepting:
+            raise Unavailable("server is stopped; POST /start to accept jobs", retry_after=5)
+        if self.store.unfinished_count() + count > self.config.max_jobs:
+            raise Unavailable(
+                f"admission full: {self.store.unfinished_count()} unfinished jobs "
+                f"(max_jobs={self.config.max_jobs})",
+                retry_after=1,
+            )
+
+    def prepare(self, req: ProcessRequest, where: str = "") -> tuple[AgentHandler, Any]:
+        handler = self.registry.get(req.task)
+        if handler is None:
+            known = ", ".join(self.registry.names())
+            raise Unprocessable(f"{where}task: unknown task {req.task!r} (known: {known})")
+        try:
+            return handler, handler.validate(req.instance)
+        except InstanceError as exc:
+            raise Unprocessable(f"{where}{exc}") from None
+
+    def create(self, req: ProcessRequest, handler: AgentHandler, instance: Any) -> Job:
+        job = Job(
+            job_id=req.job_id or f"j-{uuid.uuid4().hex}",
+            task=req.task,
+            handler=handler,
+            instance=instance,
+            sampling_params=req.sampling_params,
+            timeout_s=req.timeout_s or self.config.default_timeout_s,
+            metadata=req.metadata,
+            services=self.services,
+        )
+        self.pipeline.submit(job)
+        return job
+
+    def submit(self, req: ProcessRequest) -> tuple[str, str, bool]:
+        """Admit one job: (job_id, status, created)."""
+        known = self.existing(req.job_id)
+        if known is not None:
+            return known[0], known[1], False
+        self.check_accepting()
+        handler, instance = self.prepare(req)
+        job = self.create(req, handler, instance)
+        return job.id, job.status, True
+
+    def submit_batch(self, reqs: list[ProcessRequest]) -> list[str]:
+        """Validate the whole batch first (one bad job rejects it), then admit."""
+        prepared: list[tuple[AgentHandler, Any] | None] = []
+        new = 0
+        for i, req in enumerate(reqs):
+            if self.existing(req.job_id) is not None:
+                prepared.append(None)
+            else:
+                prepared.append(self.prepare(req, where=f"jobs[{i}]."))
+                new += 1
+        self.check_accepting(new)
+        ids = []
+        for req, prep in zip(reqs, prepared, strict=True):
+            known = self.existing(req.job_id)  # a duplicate id later in the same batch
+            if known is not None or prep is None:
+                ids.append(known[0] if known else str(req.job_id))
+            else:
+                ids.append(self.create(req, *prep).id)
+        return ids
+
+    # -- poll ------------------------------------------------------------------------------
+
+    async def wait_any(self, jobs: list[Job], wait: float) -> None:
+        """Wait until one of ``jobs`` ends or ``wait`` seconds pass. Leaves no waiter behind."""
+        if wait <= 0 or not jobs or any(j.terminal for j in jobs):
+            return
+        event = asyncio.Event()
+        for job in jobs:
+            job.add_waiter(event)
+        self.poll_waiters += 1
+        try:
+            async with asyncio.timeout(min(wait, self.config.max_wait_s)):
+                await event.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self.poll_waiters -= 1
+            for job in jobs:
+                job.remove_waiter(event)
+
+    # -- cancel ----------------------------------------------------------------------------
+
+    async def cancel(self, ids: list[str]) -> CancelResponse:
+        cancelled: list[str] = []
+        finished: list[str] = []
+        missing: list[str] = []
+        todo: list[Job] = []
+        for job_id in dict.fromkeys(ids):
+            job = self.store.get(job_id)
+            if job is None:
+                (finished if self.store.is_tombstoned(job_id) else missing).append(job_id)
+            elif job.terminal:
+                finished.append(job_id)
+            else:
+                todo.append(job)
+        results = await asyncio.gather(*(self.pipeline.cancel(j) for j in todo))
+        for job, ok in zip(todo, results, strict=True):
+            (cancelled if ok else finished).append(job.id)
+        return CancelResponse(cancelled=cancelled, already_finished=finished, not_found=missing)
+
+    async def delete(self, job: Job) -> None:
+        if not job.terminal:
+            await self.pipeline.cancel(job)
+        self.store.delete(job.id)
+
+    # -- status ----------------------------------------------------------------------------
+
+    def _backends(self) -> list[dict[str, Any]]:
+        pool = self.services.pool
+        return [] if pool is None else list(pool.snapshot())
+
+    def _backend_waiting(self) -> int:
+        pool = self.services.pool
+        return 0 if pool is None else int(pool.waiting)
+
+    def _sandboxes(self) -> int:
+        runtime = self.services.runtime
+        return 0 if runtime is None else int(runtime.live_count)
+
+    def _live_state(self) -> LiveState:
+        p = self
+        return LiveState(
+            queues=lambda: {s.value: n for s, n in p.pipeline.queued.items()},
+            active=lambda: {s.value: n for s, n in p.pipeline.active.items()},
+            poll_waiters=lambda: p.poll_waiters,
+            sandboxes=self._sandboxes,
+            backends=self._backends,
+            backend_waiting=self._backend_waiting,
+            unfinished=p.store.unfinished_count,
+        )
+
+    def status(self) -> StatusResponse:
+        pipe = self.pipeline
+        return StatusResponse(
+            state="running" if pipe.accepting else "stopped",
+            queues={s.value: n for s, n in pipe.queued.items()},
+            active={s.value: n for s, n in pipe.active.items()},
+            workers={s.value: n for s, n in pipe.workers.items()},
+            jobs=self.store.counts(),
+            sandboxes=self._sandboxes(),
+            poll_waiters=self.poll_waiters,
+            backends=[_backend_info(b) for b in self._backends()],
+            backend_waiting=self._backend_waiting(),
+        )
+
+
+def _backend_info(b: dict[str, Any]) -> BackendInfo:
+    return BackendInfo(
+        address=b["address"],
+        inflight=b["inflight"],
+        assigned=b["assigned"],
+        healthy=b["healthy"],
+        weight_version=b.get("weight_version"),
+    )
