@@ -1,0 +1,216 @@
+"""HTTP routes of the scripted LLM: vLLM ``/v1/completions``, ``/v1/models``, SGLang
+``/generate`` and ``/health``, with fault injection and the latency model applied."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from aiohttp import web
+
+from prorl_async.scripted_llm.records import LogEntry, Reply
+
+if TYPE_CHECKING:
+    from prorl_async.scripted_llm.server import ScriptedLLM
+
+__all__ = ["build_app"]
+
+_LLM: web.AppKey[ScriptedLLM] = web.AppKey("scripted_llm")
+
+
+class BadRequest(Exception):
+    """A request field is missing or of the wrong type (answered 400)."""
+
+
+class _Request(msgspec.Struct, frozen=True):
+    prompt_ids: list[int]
+    max_tokens: int
+    logprobs: bool
+    as_token_ids: bool = False
+    return_token_ids: bool = False
+
+
+def build_app(llm: ScriptedLLM) -> web.Application:
+    """The aiohttp application serving ``llm``."""
+    app = web.Application()
+    app[_LLM] = llm
+    app.router.add_get("/health", _health)
+    app.router.add_get("/v1/models", _models)
+    app.router.add_post("/v1/completions", _completions)
+    app.router.add_post("/generate", _generate)
+    return app
+
+
+def _json(status: int, payload: Any) -> web.Response:
+    # Stdlib json on purpose: it writes NaN for injected non-finite logprobs.
+    return web.Response(status=status, text=json.dumps(payload), content_type="application/json")
+
+
+def _error(status: int, message: str) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "BadRequestError", "code": status}}
+
+
+async def _health(request: web.Request) -> web.Response:
+    llm = request.app[_LLM]
+    return web.Response(status=503 if llm.faults.down else 200)
+
+
+async def _models(request: web.Request) -> web.Response:
+    llm = request.app[_LLM]
+    if llm.faults.down:
+        return _json(503, _error(503, "server is down (fault injection)"))
+    card = {"id": llm.model, "object": "model", "owned_by": "scripted-llm", "root": llm.model}
+    return _json(200, {"object": "list", "data": [card]})
+
+
+def _token_list(value: Any, field: str) -> list[int]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], list):
+        value = value[0]  # a batch of one prompt
+    ok = isinstance(value, list) and value and all(type(t) is int for t in value)
+    if not ok:
+        raise BadRequest(f"'{field}' must be a non-empty list of token ids (no text prompts)")
+    return list(value)
+
+
+def _positive(value: Any, field: str) -> int:
+    if type(value) is not int or value < 1:
+        raise BadRequest(f"'{field}' must be a positive integer, got {value!r}")
+    return value
+
+
+def _parse_vllm(llm: ScriptedLLM, body: dict[str, Any]) -> _Request:
+    if body.get("model") != llm.model:
+        raise LookupError(f"The model `{body.get('model')}` does not exist.")
+    if body.get("stream"):
+        raise BadRequest("'stream' is not supported by the scripted LLM")
+    logprobs = body.get("logprobs")
+    if logprobs is not None and type(logprobs) is not int:
+        raise BadRequest(f"'logprobs' must be an integer, got {logprobs!r}")
+    return _Request(
+        prompt_ids=_token_list(body.get("prompt"), "prompt"),
+        max_tokens=_positive(body.get("max_tokens", 16), "max_tokens"),
+        logprobs=logprobs is not None,
+        as_token_ids=bool(body.get("return_tokens_as_token_ids")),
+        return_token_ids=bool(body.get("return_token_ids")) and not llm.legacy_vllm,
+    )
+
+
+def _parse_sglang(llm: ScriptedLLM, body: dict[str, Any]) -> _Request:
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise BadRequest("'sampling_params' must be an object")
+    return _Request(
+        prompt_ids=_token_list(body.get("input_ids"), "input_ids"),
+        max_tokens=_positive(params.get("max_new_tokens", 128), "sampling_params.max_new_tokens"),
+        logprobs=bool(body.get("return_logprob")),
+    )
+
+
+def _render_vllm(llm: ScriptedLLM, req: _Request, reply: Reply) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": reply.text,
+        "logprobs": None,
+        "finish_reason": reply.finish_reason,
+        "stop_reason": None,
+    }
+    if req.logprobs:
+        tokens = [
+            f"token_id:{t}" if req.as_token_ids else llm.tokenizer.id_to_token(t) or ""
+            for t in reply.token_ids
+        ]
+        choice["logprobs"] = {
+            "text_offset": list(range(len(tokens))),
+            "token_logprobs": reply.logprobs,
+            "tokens": tokens,
+            "top_logprobs": [{tok: lp} for tok, lp in zip(tokens, reply.logprobs, strict=True)],
+        }
+    if req.return_token_ids:
+        choice["token_ids"] = reply.token_ids
+        choice["prompt_token_ids"] = req.prompt_ids
+    usage = {"prompt_tokens": len(req.prompt_ids), "completion_tokens": len(reply.token_ids)}
+    usage["total_tokens"] = usage["prompt_tokens"] + usage["completion_tokens"]
+    return {
+        "id": f"cmpl-{len(llm.log)}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": llm.model,
+        "choices": [choice],
+        "usage": usage,
+    }
+
+
+def _render_sglang(llm: ScriptedLLM, req: _Request, reply: Reply) -> dict[str, Any]:
+    if reply.finish_reason == "stop":
+        finish: dict[str, Any] = {"type": "stop", "matched": llm.im_end}
+    else:
+        finish = {"type": "length", "length": req.max_tokens}
+    meta: dict[str, Any] = {
+        "id": f"gen-{len(llm.log)}",
+        "finish_reason": finish,
+        "prompt_tokens": len(req.prompt_ids),
+        "completion_tokens": len(reply.token_ids),
+    }
+    if req.logprobs:
+        meta["output_token_logprobs"] = [
+            [lp, t, None] for lp, t in zip(reply.logprobs, reply.token_ids, strict=True)
+        ]
+    return {"text": reply.text, "output_ids": reply.token_ids, "meta_info": meta}
+
+
+_Parse = Callable[["ScriptedLLM", dict[str, Any]], _Request]
+_Render = Callable[["ScriptedLLM", _Request, Reply], dict[str, Any]]
+
+
+def _generation(parse: _Parse, render: _Render) -> Callable[[web.Request], Awaitable[Any]]:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        llm = request.app[_LLM]
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            body = None
+        entry = LogEntry(route=request.path, body=body)
+        async with llm.decoder.active():
+            await llm.arrive(entry)
+            return await _serve(llm, request, entry, parse, render)
+
+    return handler
+
+
+async def _serve(
+    llm: ScriptedLLM, request: web.Request, entry: LogEntry, parse: _Parse, render: _Render
+) -> web.StreamResponse:
+    outcome = llm.faults.outcome(llm.rng)
+    if outcome in ("hang", "drop"):
+        entry.outcome = outcome
+        if outcome == "hang":
+            await llm.killed.wait()  # or until the client gives up and we are cancelled
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=204)
+    if outcome == "error":
+        return _answer(entry, "error", 503, _error(503, "injected server error"))
+    try:
+        if not isinstance(entry.body, dict):
+            raise BadRequest("body must be a JSON object")
+        req = parse(llm, entry.body)
+    except BadRequest as exc:
+        return _answer(entry, "bad_request", 400, _error(400, str(exc)))
+    except LookupError as exc:
+        return _answer(entry, "bad_request", 404, _error(404, str(exc)))
+    reply = llm.respond(req.prompt_ids, req.max_tokens)
+    await llm.decoder.decode(len(reply.token_ids))
+    llm.stats.served += 1
+    return _answer(entry, "ok", 200, render(llm, req, reply))
+
+
+def _answer(entry: LogEntry, outcome: str, status: int, payload: Any) -> web.Response:
+    entry.outcome, entry.status, entry.response = outcome, status, payload
+    return _json(status, payload)
+
+
+_completions = _generation(_parse_vllm, _render_vllm)
+_generate = _generation(_parse_sglang, _render_sglang)
