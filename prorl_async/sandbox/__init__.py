@@ -1,0 +1,47 @@
+"""Rootless sandboxes for agent tools: bwrap, apptainer and local runtimes.
+
+``get_runtime(name, config).start(spec)`` returns a running :class:`Sandbox`, an
+async context manager whose ``aclose()`` leaves no process, socket, directory,
+loopback address or record behind.
+"""
+
+from __future__ import annotations
+
+from prorl_async.sandbox.apptainer import ApptainerRuntime
+from prorl_async.sandbox.bwrap import BwrapRuntime, bwrap_problem, find_bwrap
+from prorl_async.sandbox.limits import LimitsError, SandboxLimits, describe_enforcement
+from prorl_async.sandbox.local import LocalRuntime
+from prorl_async.sandbox.loopback import LoopbackAllocator, LoopbackExhaustedError, LoopbackLease
+from prorl_async.sandbox.records import SandboxRecord, SandboxRecords
+from prorl_async.sandbox.runtime import (
+    Runtime,
+    RuntimeUnavailableError,
+    SandboxStartError,
+    get_runtime,
+)
+from prorl_async.sandbox.sandbox import Sandbox
+from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec, SpecError
+
+__all__ = [
+    "ApptainerRuntime",
+    "BwrapRuntime",
+    "LimitsError",
+    "LocalRuntime",
+    "LoopbackAllocator",
+    "LoopbackExhaustedError",
+    "LoopbackLease",
+    "Runtime",
+    "RuntimeConfig",
+    "RuntimeUnavailableError",
+    "Sandbox",
+    "SandboxLimits",
+    "SandboxRecord",
+    "SandboxRecords",
+    "SandboxSpec",
+    "SandboxStartError",
+    "SpecError",
+    "bwrap_problem",
+    "describe_enforcement",
+    "find_bwrap",
+    "get_runtime",
+]

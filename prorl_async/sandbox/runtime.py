@@ -1,0 +1,227 @@
+"""The runtime interface: ``Runtime.start(spec) -> Sandbox`` and ``get_runtime(name, config)``.
+
+A runtime only decides *how* the tool server is launched (``command`` and
+``environment``); everything else is shared: the sandbox's directories, loopback
+address, pids cgroup, rlimits (a ``prlimit`` prefix), its own session and process
+group, the live-sandbox record, and readiness (a successful connect to the tool
+server's socket, raced against the process exiting).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import logging
+import os
+import shutil
+from typing import ClassVar
+
+from prorl_async.sandbox.cgroup import PidsCgroup, find_pids_parent
+from prorl_async.sandbox.layout import Layout
+from prorl_async.sandbox.limits import describe_enforcement, prlimit_argv
+from prorl_async.sandbox.loopback import LoopbackAllocator, LoopbackLease
+from prorl_async.sandbox.records import SandboxRecords
+from prorl_async.sandbox.sandbox import Sandbox
+from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec
+from prorl_async.toolclient import ToolClient
+
+__all__ = ["Runtime", "RuntimeUnavailableError", "SandboxStartError", "get_runtime"]
+
+log = logging.getLogger(__name__)
+
+_BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class RuntimeUnavailableError(RuntimeError):
+    """The requested runtime cannot run on this machine; the message says why."""
+
+
+class SandboxStartError(RuntimeError):
+    """A sandbox failed to come up; the message carries the runtime's own output."""
+
+
+class Runtime(abc.ABC):
+    """Starts sandboxes of one kind. Closing the runtime closes every sandbox it started."""
+
+    name: ClassVar[str]
+    # Whether the sandbox sees its own paths (/workspace) rather than the host's.
+    isolated: ClassVar[bool] = True
+
+    def __init__(self, config: RuntimeConfig | None = None) -> None:
+        self.config = config if config is not None else RuntimeConfig()
+        self.config.validate()
+        self.allocator = LoopbackAllocator(self.config.loopback_dir)
+        self.records = SandboxRecords(self.config.state_dir)
+        explicit = self.config.cgroup_parent
+        self.pids_parent = None if explicit == "" else find_pids_parent(explicit)
+        self._live: set[Sandbox] = set()
+
+    @abc.abstractmethod
+    def command(self, spec: SandboxSpec, layout: Layout, ip: str) -> list[str]:
+        """The argv that runs the tool server in a sandbox (before the limits prefix)."""
+
+    def environment(self, spec: SandboxSpec, layout: Layout, ip: str) -> dict[str, str]:
+        """Environment of the launched process (runtimes that clear it inside pass the host's)."""
+        return dict(os.environ)
+
+    def check_spec(self, spec: SandboxSpec) -> None:
+        """Reject a spec this runtime cannot honour (``SpecError`` naming the field)."""
+
+    def sandbox_env(self, spec: SandboxSpec, layout: Layout, ip: str) -> dict[str, str]:
+        """Variables every sandboxed process sees; ``spec.env`` wins over them."""
+        python_dir = os.path.dirname(self.config.python)
+        env = {
+            "PATH": f"{python_dir}:{_BASE_PATH}",
+            "HOME": layout.inner_workspace,
+            "LANG": "C.UTF-8",
+            "SANDBOX_ID": layout.sandbox_id,
+            "SANDBOX_LOOPBACK_IP": ip,
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        env.update(spec.env)
+        return env
+
+    def tool_server_argv(self, python: str, layout: Layout) -> list[str]:
+        # -P: the workspace (cwd) must not shadow the tool server's own imports.
+        return [
+            python, "-P", "-m", "prorl_async.toolserver",
+            "--socket", layout.inner_socket, "--workspace", layout.inner_workspace,
+        ]  # fmt: skip
+
+    @property
+    def live(self) -> int:
+        """Number of sandboxes started and not yet closed."""
+        return len(self._live)
+
+    def enforcement(self) -> dict[str, str]:
+        """How the default limits are enforced here (for the start-up log and /status)."""
+        return describe_enforcement(SandboxSpec().limits, self.pids_parent)
+
+    async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
+        """Start a sandbox and return once its tool server answers; clean up on any failure."""
+        spec = spec if spec is not None else SandboxSpec()
+        spec.validate()
+        self.check_spec(spec)
+        sb = self._prepare(spec)
+        try:
+            await self._launch(sb, spec)
+        except BaseException:
+            await sb.aclose()
+            raise
+        return sb
+
+    def _prepare(self, spec: SandboxSpec) -> Sandbox:
+        layout = Layout.create(self.config.run_dir, isolated=self.isolated)
+        lease: LoopbackLease | None = None
+        try:
+            layout.write_files(spec.files)
+            lease = self.allocator.acquire()
+            cgroup = self._make_cgroup(layout, spec)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            shutil.rmtree(layout.root, ignore_errors=True)
+            raise
+        sb = Sandbox(
+            runtime=self.name,
+            layout=layout,
+            lease=lease,
+            limits=spec.limits,
+            records=self.records,
+            cgroup=cgroup,
+            close_grace=self.config.close_grace_s,
+            on_close=self._live.discard,
+        )
+        self._live.add(sb)
+        return sb
+
+    def _make_cgroup(self, layout: Layout, spec: SandboxSpec) -> PidsCgroup | None:
+        if self.pids_parent is None:
+            return None
+        name = f"prorl-sb-{layout.sandbox_id}"
+        return PidsCgroup.create(self.pids_parent, name, spec.limits.max_processes)
+
+    def _argv(self, sb: Sandbox, spec: SandboxSpec) -> list[str]:
+        prefix = prlimit_argv(spec.limits)
+        if sb.cgroup is not None:
+            # Join the cgroup before exec, so every process of the sandbox is born inside it.
+            prefix = [
+                "/bin/sh",
+                "-c",
+                'echo $$ > "$0" && exec "$@"',
+                str(sb.cgroup.procs_file),
+            ] + prefix
+        return prefix + self.command(spec, sb.layout, sb.loopback_ip)
+
+    async def _launch(self, sb: Sandbox, spec: SandboxSpec) -> None:
+        argv = self._argv(sb, spec)
+        out = os.open(sb.layout.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=self.environment(spec, sb.layout, sb.loopback_ip),
+                start_new_session=True,
+            )
+        finally:
+            os.close(out)
+        sb.attach_process(proc)
+        cgroup = str(sb.cgroup.path) if sb.cgroup is not None else None
+        self.records.add(
+            sb.id, proc.pid, runtime=self.name, paths=(str(sb.layout.root),), cgroup=cgroup
+        )
+        sb.attach_client(await self._connect(sb))
+
+    async def _connect(self, sb: Sandbox) -> ToolClient:
+        timeout = self.config.start_timeout_s
+        connect = asyncio.ensure_future(ToolClient.connect(str(sb.layout.socket), timeout=timeout))
+        exited = asyncio.ensure_future(sb.wait_process())
+        try:
+            await asyncio.wait([connect, exited], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (connect, exited):
+                task.cancel()
+            await asyncio.wait([connect, exited])
+        if connect.done() and not connect.cancelled() and connect.exception() is None:
+            return connect.result()
+        raise SandboxStartError(self._start_failure(sb, connect))
+
+    def _start_failure(self, sb: Sandbox, connect: asyncio.Future[ToolClient]) -> str:
+        if sb.process_exited():
+            why = f"exited with status {sb.returncode} during start-up"
+        else:
+            why = f"did not become ready: {connect.exception()}"
+        return f"{self.name} sandbox {sb.id} {why}; its output: {sb.layout.log_tail() or '(none)'}"
+
+    async def aclose(self) -> None:
+        """Close every live sandbox (concurrently); idempotent."""
+        live = list(self._live)
+        if live:
+            await asyncio.gather(*(sb.aclose() for sb in live), return_exceptions=True)
+
+
+def get_runtime(name: str, config: RuntimeConfig | None = None) -> Runtime:
+    """``bwrap``, ``apptainer``, ``local`` or ``auto`` (bwrap where it works, else local)."""
+    from prorl_async.sandbox.apptainer import ApptainerRuntime
+    from prorl_async.sandbox.bwrap import BwrapRuntime, bwrap_problem
+    from prorl_async.sandbox.local import LocalRuntime
+
+    config = config if config is not None else RuntimeConfig()
+    if name == "auto":
+        problem = bwrap_problem(config.bwrap)
+        if problem is None:
+            return BwrapRuntime(config)
+        log.warning("runtime auto: bwrap unusable (%s); falling back to the local runtime", problem)
+        return LocalRuntime(config)
+    kinds: dict[str, type[Runtime]] = {
+        "bwrap": BwrapRuntime,
+        "apptainer": ApptainerRuntime,
+        "local": LocalRuntime,
+    }
+    if name not in kinds:
+        raise ValueError(
+            f"runtime: unknown runtime {name!r}; choose bwrap, apptainer, local or auto"
+        )
+    return kinds[name](config)
