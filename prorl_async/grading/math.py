@@ -74,7 +74,7 @@ def last_boxed(text: str) -> str | None:
         inner = _braced(text, match.end())
         if inner is not None:
             return inner[0].strip()
-        bare = re.match(r"[^\s$]+", text[match.end() :])
+        bare = re.match(r"[^\s${}]+", text[match.end() :])
         if bare and match.end() > match.start() + len("\\boxed"):
             return bare.group(0)
     return None

@@ -69,7 +69,7 @@ def test_boxed_beats_hash_line() -> None:
     assert extract_answer("#### 1\n\\boxed{2}", None) == "2"
 
 
-@pytest.mark.parametrize("text", ["", "no answer here", "#### ", "\\boxed{"])
+@pytest.mark.parametrize("text", ["", "no answer here", "#### ", "\\boxed{", "\\boxed {1"])
 def test_nothing_to_extract(text: str) -> None:
     assert extract_answer(text, None) is None
 
