@@ -17,7 +17,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from prorl_async.chat_template import ChatTemplate
+from prorl_async.chat_template import ChatTemplate, TemplateError
 
 __all__ = [
     "BUNDLED_TOKENIZER_DIR",
@@ -189,10 +189,17 @@ def load_tokenizer(path: str | Path | None = None) -> ChatTokenizer:
             f"{directory}: no eos_token in tokenizer_config.json or special_tokens_map.json"
         )
     templates = {
-        name: ChatTemplate(source, special_tokens=specials)
+        name: _compile(directory, name, source, specials)
         for name, source in _template_sources(directory, config).items()
     }
     return ChatTokenizer(tokenizer, templates, eos_token=eos, source=str(directory))
+
+
+def _compile(directory: Path, name: str, source: str, specials: dict[str, str]) -> ChatTemplate:
+    try:
+        return ChatTemplate(source, special_tokens=specials)
+    except TemplateError as exc:
+        raise TokenizerError(f"{directory}: chat template {name!r}: {exc}") from exc
 
 
 def _read_tokenizer_json(directory: Path) -> Tokenizer:
