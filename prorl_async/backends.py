@@ -292,13 +292,12 @@ class BackendPool:
         model: str | None = None,
     ) -> Backend:
         """Register a backend, or update it (and mark it healthy) if the address is known."""
-        b = self._backends.get(address)
-        if b is None:
-            b = self._backends[address] = Backend(address, api=api)
+        b = self._backends.get(address) or Backend(address, api=api)
         b.configure(
             api=api, weight_version=weight_version, max_inflight=max_inflight,
             weight=weight, model=model or self.config.model,
         )  # fmt: skip
+        self._backends.setdefault(address, b)
         self._dispatch()
         return b
 

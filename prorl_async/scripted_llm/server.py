@@ -161,7 +161,7 @@ class ScriptedLLM:
     async def _listen(self) -> None:
         app = _routes.build_app(self)
         runner = web.AppRunner(
-            app, access_log=None, shutdown_timeout=0.0, handler_cancellation=True
+            app, access_log=None, shutdown_timeout=0.05, handler_cancellation=True
         )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
@@ -176,8 +176,15 @@ class ScriptedLLM:
 
     async def _stop(self) -> None:
         runner, self._runner = self._runner, None
-        if runner is not None:
-            await runner.cleanup()
+        if runner is None:
+            return
+        if runner.server is not None:
+            # Like a crash: every open connection dies now, in-flight requests with them
+            # (handler_cancellation cancels their handlers when the connection is lost).
+            for conn in list(runner.server.connections):
+                if conn.transport is not None:
+                    conn.transport.abort()
+        await runner.cleanup()
         for entry in self.log:
             if entry.outcome in ("pending", "hang"):
                 entry.outcome = "killed"

@@ -1,0 +1,184 @@
+"""Engine clients against real ScriptedLLM servers: request bodies, parsing, clamping, errors."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import aiohttp
+import pytest
+
+from prorl_async.backends import BackendError, BackendPool
+from prorl_async.engines import (
+    LOGPROB_FLOOR,
+    EngineRejected,
+    MalformedResponse,
+    complete_sglang,
+    complete_vllm,
+    fetch_model,
+    parse_sglang,
+    parse_vllm,
+    server_root,
+)
+from prorl_async.scripted_llm import ScriptedLLM
+from tests.backends.conftest import StartLLM
+
+CHAT = "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def prompt_ids(llm: ScriptedLLM) -> list[int]:
+    return llm.tokenizer.encode(CHAT, add_special_tokens=False).ids
+
+
+async def test_vllm_request_body_and_result_field_by_field(start_llm: StartLLM) -> None:
+    llm = await start_llm(model="my-model")
+    ids = prompt_ids(llm)
+    sampling = {"temperature": 0.7, "top_p": 0.9, "stop": ["</x>"], "max_tokens": 1, "n": 4}
+    async with aiohttp.ClientSession() as s:
+        gen = await complete_vllm(s, llm.address, "my-model", ids, 200, sampling, weight_version=3)
+    [entry] = llm.log
+    assert entry.route == "/v1/completions"
+    assert entry.body == {
+        "model": "my-model",
+        "prompt": ids,
+        "max_tokens": 200,  # the call's max_tokens wins over the sampling dict's
+        "logprobs": 0,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "stream": False,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "stop": ["</x>"],
+    }
+    choice = entry.response["choices"][0]
+    assert gen.token_ids == choice["token_ids"]
+    assert gen.logprobs == choice["logprobs"]["token_logprobs"]
+    assert gen.token_ids[-1] == llm.im_end and gen.finish_reason == "stop"
+    assert (gen.backend, gen.weight_version, gen.clamped) == (llm.address, 3, 0)
+
+
+async def test_sglang_request_body_and_result_field_by_field(start_llm: StartLLM) -> None:
+    llm = await start_llm()
+    ids = prompt_ids(llm)
+    async with aiohttp.ClientSession() as s:
+        gen = await complete_sglang(
+            s, llm.address, ids, 5, {"temperature": 1.0, "top_k": 20, "max_tokens": 99}
+        )
+    [entry] = llm.log
+    assert entry.route == "/generate"  # at the server root, not under /v1
+    assert entry.body == {
+        "input_ids": ids,
+        "sampling_params": {"temperature": 1.0, "top_k": 20, "max_new_tokens": 5},
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "stream": False,
+    }
+    meta = entry.response["meta_info"]
+    assert gen.token_ids == entry.response["output_ids"] and len(gen.token_ids) == 5
+    assert gen.logprobs == [t[0] for t in meta["output_token_logprobs"]]
+    assert gen.finish_reason == "length" and meta["finish_reason"]["type"] == "length"
+    assert gen.backend == llm.address
+
+
+async def test_vllm_token_id_strings_fallback(start_llm: StartLLM) -> None:
+    llm = await start_llm(legacy_vllm=True)
+    async with aiohttp.ClientSession() as s:
+        gen = await complete_vllm(s, llm.address, "scripted-llm", prompt_ids(llm), 300, {})
+    choice = llm.log[0].response["choices"][0]
+    assert "token_ids" not in choice
+    assert choice["logprobs"]["tokens"] == [f"token_id:{t}" for t in gen.token_ids]
+    assert gen.token_ids[-1] == llm.im_end and len(gen.token_ids) > 5
+
+
+@pytest.mark.parametrize("api", ["vllm", "sglang"])
+async def test_non_finite_and_missing_logprobs_are_clamped(start_llm: StartLLM, api: str) -> None:
+    llm = await start_llm(seed=7)
+    llm.set_faults(nan_rate=0.3, missing_rate=0.3)
+    async with aiohttp.ClientSession() as s:
+        if api == "vllm":
+            gen = await complete_vllm(s, llm.address, "scripted-llm", prompt_ids(llm), 300, {})
+            sent = llm.log[0].response["choices"][0]["logprobs"]["token_logprobs"]
+        else:
+            gen = await complete_sglang(s, llm.address, prompt_ids(llm), 300, {})
+            sent = [t[0] for t in llm.log[0].response["meta_info"]["output_token_logprobs"]]
+    bad = [i for i, v in enumerate(sent) if v is None or math.isnan(v)]
+    assert bad and gen.clamped == len(bad)
+    assert all(gen.logprobs[i] == LOGPROB_FLOOR for i in bad)
+    good = [i for i in range(len(sent)) if i not in bad]
+    assert [gen.logprobs[i] for i in good] == [sent[i] for i in good]
+
+
+def test_missing_logprobs_block_is_clamped_not_fatal() -> None:
+    payload = {"choices": [{"token_ids": [5, 6], "logprobs": None, "finish_reason": "length"}]}
+    gen = parse_vllm("http://x/v1", payload)
+    assert gen.logprobs == [LOGPROB_FLOOR, LOGPROB_FLOOR] and gen.clamped == 2
+    inf = {"output_ids": [1], "meta_info": {"finish_reason": {"type": "stop"},
+           "output_token_logprobs": [[float("-inf"), 1, None]]}}  # fmt: skip
+    assert parse_sglang("http://x", inf).clamped == 1
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [
+        ({}, "'choices'"),
+        ({"choices": []}, "'choices'"),
+        ({"choices": [{"finish_reason": "stop"}]}, "token_ids"),
+        ({"choices": [{"token_ids": [1, "a"], "finish_reason": "stop"}]}, "choices[0].token_ids"),
+        ({"choices": [{"token_ids": [1], "finish_reason": "weird"}]}, "finish_reason"),
+        ({"choices": [{"logprobs": {"tokens": ["hello"]}, "finish_reason": "stop"}]}, "token_id:N"),
+        (
+            {
+                "choices": [
+                    {
+                        "token_ids": [1],
+                        "logprobs": {"token_logprobs": [-1.0, -2.0]},
+                        "finish_reason": "stop",
+                    }
+                ]
+            },  # fmt: skip
+            "token_logprobs",
+        ),
+    ],
+)
+def test_malformed_vllm_answers_name_the_field(payload: object, named: str) -> None:
+    with pytest.raises(MalformedResponse, match=re.escape(named)):
+        parse_vllm("http://x/v1", payload)
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [
+        ({"meta_info": {}}, "output_ids"),
+        ({"output_ids": [1]}, "meta_info"),
+        ({"output_ids": [1], "meta_info": {"finish_reason": None}}, "finish_reason"),
+        ({"output_ids": None, "meta_info": {}}, "output_ids"),
+    ],
+)
+def test_malformed_sglang_answers_name_the_field(payload: object, named: str) -> None:
+    with pytest.raises(MalformedResponse, match=re.escape(named)):
+        parse_sglang("http://x", payload)
+
+
+async def test_model_discovery_and_4xx_is_not_retried(start_llm: StartLLM) -> None:
+    llm = await start_llm(model="served-name")
+    async with aiohttp.ClientSession() as s:
+        assert await fetch_model(s, llm.address) == "served-name"
+        with pytest.raises(EngineRejected, match="404"):
+            await complete_vllm(s, llm.address, "wrong", prompt_ids(llm), 10, {})
+    async with BackendPool() as pool:
+        pool.add(llm.address)  # no model: the pool asks /v1/models once
+        async with pool.lease() as lease:
+            gen = await lease.generate(prompt_ids(llm), 10, {})
+            assert llm.log[-1].body["model"] == "served-name" and gen.token_ids
+        pool.add(llm.address, model="wrong")
+        async with pool.lease() as lease:
+            before = len(llm.log)
+            with pytest.raises(BackendError, match="does not exist"):
+                await lease.generate(prompt_ids(llm), 10, {})
+            assert len(llm.log) == before + 1  # a refused request is not retried
+
+
+def test_server_root() -> None:
+    assert server_root("http://h:1/v1") == "http://h:1"
+    assert server_root("http://h:1/v1/") == "http://h:1"
+    assert server_root("http://h:1") == "http://h:1"
