@@ -145,7 +145,9 @@ def test_template_that_is_not_prefix_stable_fails_loudly(tmp_path: Path) -> None
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     tok = with_template(tmp_path, unstable)
-    with pytest.raises(TemplateNotPrefixStableError, match="not prefix-stable.*2 messages.*became.*4 messages"):
+    with pytest.raises(
+        TemplateNotPrefixStableError, match="not prefix-stable.*2 messages.*became.*4 messages"
+    ):
         tok.observation_ids(OBS, prev_ended=True)
 
 

@@ -97,7 +97,10 @@ def test_template_files_and_special_tokens_map(tmp_path: Path) -> None:
         ({"eos_token": ["x"], "chat_template": "x"}, "eos_token must be a string"),
         ({"eos_token": "<nope>", "chat_template": "x"}, "'<nope>' is not in tokenizer.json"),
         ({"eos_token": "Ġthe", "chat_template": "x"}, "does not encode to its single id"),
-        ({"eos_token": "<|im_end|>", "chat_template": "{% if %}"}, "chat template 'default': chat template syntax error"),
+        (
+            {"eos_token": "<|im_end|>", "chat_template": "{% if %}"},
+            "chat template 'default': chat template syntax error",
+        ),
     ],
 )
 def test_bad_directories_are_named(

@@ -1,0 +1,273 @@
+"""The token-in/token-out agent loop, driven by an in-process generator test double."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import msgspec
+import pytest
+
+from prorl_async.agent_loop import FINISH_TOOL_SPEC, Trajectory, run_agent_loop
+from prorl_async.generation import Generation
+from prorl_async.tokenizer import ChatTokenizer, load_tokenizer
+from prorl_async.toolcalls import ToolCallError
+
+TOK = load_tokenizer()
+MESSAGES = [{"role": "user", "content": "How many files are in the folder?"}]
+
+
+class Reply(msgspec.Struct):
+    ids: list[int]
+    finish_reason: str = "stop"
+    weight_version: int | str | None = 1
+    clamped: int = 0
+
+
+class ScriptedGenerator:
+    """Test double for a backend lease: records every request and returns scripted ids.
+
+    A reply longer than the request's ``max_tokens`` is cut and reported as ``length``, as an
+    engine would. ``gate`` (when set) makes the call with that index wait for it.
+    """
+
+    def __init__(self, replies: list[Reply]) -> None:
+        self.replies = list(replies)
+        self.requests: list[tuple[list[int], int, dict[str, Any]]] = []
+        self.completions: list[Generation] = []
+        self.entered = asyncio.Event()
+        self.gate: tuple[int, asyncio.Event] | None = None
+
+    async def generate(
+        self, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
+    ) -> Generation:
+        self.requests.append((list(prompt_ids), max_tokens, dict(sampling)))
+        if self.gate is not None and self.gate[0] == len(self.requests) - 1:
+            self.entered.set()
+            await self.gate[1].wait()
+        reply = self.replies.pop(0)
+        ids = reply.ids[:max_tokens]
+        finish = "length" if len(ids) < len(reply.ids) else reply.finish_reason
+        base = len(self.completions) + 1
+        gen = Generation(
+            token_ids=ids,
+            logprobs=[-base - i / 1000 for i in range(len(ids))],
+            finish_reason=finish,
+            backend=f"http://double-{base % 2}/v1",
+            weight_version=reply.weight_version,
+            clamped=reply.clamped,
+        )
+        self.completions.append(gen)
+        return gen
+
+
+class FakeToolBox:
+    """Test double for a task's tools: records calls; ``fail`` reports a bad call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    @property
+    def specs(self) -> list[dict[str, Any]]:
+        names = ["bash", "fail"]
+        specs = [{"type": "function", "function": {"name": n, "parameters": {}}} for n in names]
+        return [*specs, FINISH_TOOL_SPEC]
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> str:
+        self.calls.append((name, arguments))
+        if name == "fail":
+            raise ToolCallError("no such path")
+        return f"ran {arguments.get('command')}"
+
+
+def odd_ids(text: str, *, end: bool = True) -> list[int]:
+    """Ids for ``text`` one character at a time: valid output a text round trip would change."""
+    ids = [i for ch in text for i in TOK.encode(ch)]
+    assert TOK.encode(TOK.decode(ids)) != ids or len(text) < 2
+    return ids + ([TOK.eos_id] if end else [])
+
+
+def call(name: str, **arguments: Any) -> str:
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+async def run(
+    gen: ScriptedGenerator,
+    *,
+    tok: ChatTokenizer = TOK,
+    max_turns: int = 8,
+    max_model_len: int = 4096,
+    max_tokens: int = 512,
+    traj: Trajectory | None = None,
+) -> tuple[Trajectory, FakeToolBox]:
+    traj = Trajectory() if traj is None else traj
+    tools = FakeToolBox()
+    await run_agent_loop(
+        generator=gen,
+        tokenizer=tok,
+        messages=MESSAGES,
+        tools=tools,
+        trajectory=traj,
+        max_turns=max_turns,
+        max_model_len=max_model_len,
+        sampling={"temperature": 1.0, "max_tokens": 99},
+        max_tokens=max_tokens,
+    )
+    return traj, tools
+
+
+def check_invariants(traj: Trajectory, gen: ScriptedGenerator) -> None:
+    n = len(traj.response_ids)
+    assert len(traj.response_mask) == n and len(traj.response_logprobs) == n
+    model = [t for t, m in zip(traj.response_ids, traj.response_mask, strict=True) if m == 1]
+    assert model == [t for g in gen.completions for t in g.token_ids]
+    lps = [lp for lp, m in zip(traj.response_logprobs, traj.response_mask, strict=True) if m]
+    assert lps == [lp for g in gen.completions for lp in g.logprobs]
+    assert all(
+        lp == 0.0 for lp, m in zip(traj.response_logprobs, traj.response_mask, strict=True) if not m
+    )
+    last_prompt, _, _ = gen.requests[-1]
+    assert traj.prompt_ids + traj.response_ids == last_prompt + gen.completions[-1].token_ids
+    assert gen.requests[0][0] == traj.prompt_ids
+    for (before, _, _), (after, _, _) in zip(gen.requests, gen.requests[1:], strict=False):
+        assert after[: len(before)] == before
+    assert [t for turn in traj.turns for t in turn["token_ids"]] == traj.response_ids
+
+
+async def test_multi_turn_keeps_exact_ids_and_ends_on_finish() -> None:
+    gen = ScriptedGenerator(
+        [
+            Reply(odd_ids("Let me look. " + call("bash", command="ls")), weight_version=7),
+            Reply(odd_ids(call("bash", command="wc -l")), weight_version=7, clamped=2),
+            Reply(TOK.encode(call("finish", answer="2")) + [TOK.eos_id], weight_version=8),
+        ]
+    )
+    traj, tools = await run(gen)
+    check_invariants(traj, gen)
+    assert traj.finish == "finish_tool" and traj.answer == "2"
+    assert tools.calls == [("bash", {"command": "ls"}), ("bash", {"command": "wc -l"})]
+    assert [t["role"] for t in traj.turns] == ["assistant", "tool"] * 2 + ["assistant"]
+    assert traj.num_turns == 3 and traj.weight_versions == [7, 8] and traj.clamped_logprobs == 2
+    first = traj.turns[0]
+    assert first["backend"] == "http://double-1/v1" and first["weight_version"] == 7
+    assert first["text"] == "Let me look. " + call("bash", command="ls") + "<|im_end|>"
+    assert "<tool_response>\nran ls\n</tool_response>" in traj.turns[1]["text"]
+    assert TOK.decode(traj.turns[1]["token_ids"]) == traj.turns[1]["text"]
+    assert all(sampling == {"temperature": 1.0} for _, _, sampling in gen.requests)
+    result = traj.to_result()
+    assert result["num_turns"] == 3 and result["finish"] == "finish_tool"
+    assert result["response_ids"] == traj.response_ids and result["turns"] == traj.turns
+    msgspec.json.encode(result)
+
+
+async def test_reply_without_tool_call_ends_the_loop() -> None:
+    gen = ScriptedGenerator([Reply(odd_ids("There are 2 files."))])
+    traj, tools = await run(gen)
+    check_invariants(traj, gen)
+    assert traj.finish == "no_tool_call" and traj.answer is None and tools.calls == []
+    assert traj.response_mask == [1] * len(traj.response_ids)
+
+
+async def test_malformed_unknown_and_failing_calls_become_observations() -> None:
+    bad = "<tool_call>{oops}</tool_call>" + call("rm_rf") + call("fail", path="/x")
+    gen = ScriptedGenerator([Reply(odd_ids(bad)), Reply(odd_ids(call("finish")))])
+    traj, tools = await run(gen)
+    check_invariants(traj, gen)
+    assert traj.finish == "finish_tool" and traj.answer is None
+    obs = traj.turns[1]["text"]
+    assert "Error: malformed tool call: tool call is not valid JSON" in obs
+    assert "Error: unknown tool 'rm_rf' (available: bash, fail, finish)" in obs
+    assert "Error: no such path" in obs
+    assert tools.calls == [("fail", {"path": "/x"})]
+
+
+async def test_calls_before_finish_run_and_non_string_answer_is_json() -> None:
+    reply = call("bash", command="touch done") + call("finish", answer=42) + call("bash")
+    gen = ScriptedGenerator([Reply(odd_ids(reply))])
+    traj, tools = await run(gen)
+    check_invariants(traj, gen)
+    assert traj.finish == "finish_tool" and traj.answer == "42"
+    assert tools.calls == [("bash", {"command": "touch done"})]
+
+
+async def test_max_turns_stops_before_running_the_last_calls() -> None:
+    gen = ScriptedGenerator([Reply(odd_ids(call("bash", command=str(i)))) for i in range(3)])
+    traj, tools = await run(gen, max_turns=2)
+    check_invariants(traj, gen)
+    assert traj.finish == "max_turns" and traj.num_turns == 2
+    assert tools.calls == [("bash", {"command": "0"})]
+    assert [t["role"] for t in traj.turns] == ["assistant", "tool", "assistant"]
+
+
+async def test_length_finish_gets_end_of_turn_appended_as_mask_zero() -> None:
+    cut = odd_ids(call("bash", command="ls") + " and then", end=False)
+    gen = ScriptedGenerator([Reply(cut, finish_reason="length"), Reply(odd_ids("Done."))])
+    traj, _ = await run(gen)
+    check_invariants(traj, gen)
+    start = len(cut)
+    assert traj.response_ids[start] == TOK.eos_id and traj.response_mask[start] == 0
+    assert traj.turns[1]["text"].startswith("<|im_end|>\n<|im_start|>user\n<tool_response>")
+    assert traj.finish == "no_tool_call"
+
+
+async def test_length_without_tool_call_ends_with_length() -> None:
+    gen = ScriptedGenerator([Reply(odd_ids("a long ramble", end=False) * 3)])
+    traj, _ = await run(gen, max_tokens=5)
+    check_invariants(traj, gen)
+    assert traj.finish == "length" and len(traj.response_ids) == 5
+
+
+async def test_context_exhaustion_cuts_max_tokens_then_ends() -> None:
+    prompt_len = len(TOK.prompt_ids(MESSAGES, FakeToolBox().specs))
+    first = odd_ids(call("bash", command="ls"))
+    obs_len = len(TOK.observation_ids([{"role": "tool", "content": "ran ls"}], prev_ended=True))
+    limit = prompt_len + len(first) + obs_len + 10
+    gen = ScriptedGenerator([Reply(first), Reply(odd_ids("the answer " * 10))])
+    traj, _ = await run(gen, max_model_len=limit, max_tokens=512)
+    check_invariants(traj, gen)
+    assert [m for _, m, _ in gen.requests] == [len(first) + obs_len + 10, 10]
+    assert traj.finish == "context_exhausted" and len(traj.prompt_ids + traj.response_ids) == limit
+
+
+async def test_observation_that_would_overflow_is_not_appended() -> None:
+    prompt_len = len(TOK.prompt_ids(MESSAGES, FakeToolBox().specs))
+    first = odd_ids(call("bash", command="ls"))
+    gen = ScriptedGenerator([Reply(first)])
+    traj, tools = await run(gen, max_model_len=prompt_len + len(first) + 3)
+    check_invariants(traj, gen)
+    assert traj.finish == "context_exhausted" and tools.calls == [("bash", {"command": "ls"})]
+    assert [t["role"] for t in traj.turns] == ["assistant"]
+
+
+async def test_prompt_already_too_long() -> None:
+    gen = ScriptedGenerator([])
+    traj, _ = await run(gen, max_model_len=10)
+    assert traj.finish == "context_exhausted" and gen.requests == [] and traj.turns == []
+    assert len(traj.prompt_ids) > 10
+
+
+async def test_cancel_mid_loop_keeps_the_turns_so_far() -> None:
+    gen = ScriptedGenerator([Reply(odd_ids(call("bash", command="ls"))), Reply(odd_ids("x"))])
+    gen.gate = (1, asyncio.Event())
+    traj = Trajectory()
+    task = asyncio.ensure_future(run(gen, traj=traj))
+    await gen.entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert [t["role"] for t in traj.turns] == ["assistant", "tool"] and traj.finish is None
+    assert traj.prompt_ids + traj.response_ids == gen.requests[-1][0]
+
+
+async def test_bad_backend_output_and_bad_limits_are_named() -> None:
+    class Liar(ScriptedGenerator):
+        async def generate(
+            self, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
+        ) -> Generation:
+            return Generation(token_ids=[1, 2], logprobs=[0.0], finish_reason="stop", backend="b")
+
+    with pytest.raises(ValueError, match="returned 2 token ids but 1 logprobs"):
+        await run(Liar([]))
+    with pytest.raises(ValueError, match="max_turns must be a positive integer, got 0"):
+        await run(ScriptedGenerator([]), max_turns=0)
