@@ -64,12 +64,16 @@ async def run_server(
     """
     app = build_app(config, registry)
     # A client that goes away mid-poll must cancel its handler so no waiter is left.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     try:
         sock = _bind(config.host, config.port)
-        site = web.SockSite(runner, sock, shutdown_timeout=1.0)
-        await site.start()
+        site = web.SockSite(runner, sock)
+        try:
+            await site.start()
+        except BaseException:
+            sock.close()
+            raise
         host, port = sock.getsockname()[:2]
         url_host = f"[{host}]" if ":" in host else host
         yield app, f"http://{url_host}:{port}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from types import TracebackType
 from typing import Any
 
@@ -62,6 +63,7 @@ _ERRORS: dict[int, type[RolloutError]] = {
     503: ServiceUnavailableError,
 }
 _encoder = msgspec.json.Encoder()
+_LARGE_BODY = 512 * 1024
 _decoder = msgspec.json.Decoder()
 
 
@@ -105,7 +107,9 @@ class RolloutClient:
     ) -> tuple[int, Any]:
         if self._session is None:
             raise RuntimeError("RolloutClient used outside 'async with'")
-        data = None if body is None else _encoder.encode(body)
+        data: bytes | io.BytesIO | None = None if body is None else _encoder.encode(body)
+        if data is not None and len(data) > _LARGE_BODY:
+            data = io.BytesIO(data)  # aiohttp streams a file-like body instead of copying it
         timeout = aiohttp.ClientTimeout(total=wait + self._slack)
         async with self._session.request(
             method, self.base_url + path, data=data, headers=self._headers, timeout=timeout

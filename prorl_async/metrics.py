@@ -96,6 +96,10 @@ class Metrics:
             buckets=_TOOL_BUCKETS,
             registry=self.registry,
         )
+        for stage in ("init", "run", "eval"):
+            self.stage_seconds.labels(stage)
+        for tool in ("bash", "python", "str_replace_editor"):
+            self.tool_seconds.labels(tool)
         self.clamped_logprobs = Counter(
             "prorl_clamped_logprobs",
             "Missing or non-finite logprobs from backends, clamped",

@@ -36,3 +36,7 @@ def require(tool_ok: bool, reason: str) -> None:
 
 
 requires: Callable[[bool, str], None] = require
+
+
+# Server fixtures (make_server, gate) for every test package.
+from tests.serverutil import gate, make_server  # noqa: E402, F401

@@ -1,0 +1,225 @@
+"""The server as a real process: plugins from entry points, SIGTERM, config."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+from prorl_async.client import RolloutClient
+from prorl_async.config import ConfigError, load_config
+from tests.proctree import descendants
+
+PLUGIN = '''
+import asyncio
+from prorl_async.handler import AgentHandler
+
+
+class HoldHandler(AgentHandler):
+    """Task ``hold``: RUN starts a child process, holds it, waits ``run_s``."""
+
+    name = "hold"
+
+    async def run(self, job):
+        proc = await asyncio.create_subprocess_exec("sleep", "600")
+        await job.hold(_Reaped(proc))
+        await asyncio.sleep(job.instance.get("run_s", 0))
+
+    async def eval(self, job):
+        job.reward = 7.0
+
+
+class _Reaped:
+    def __init__(self, proc):
+        self.proc = proc
+
+    async def __aenter__(self):
+        return self.proc
+
+    async def __aexit__(self, *exc):
+        if self.proc.returncode is None:
+            self.proc.kill()
+        await asyncio.shield(self.proc.wait())
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Install a tiny separately packaged handler, as a third party would."""
+    root = tmp_path_factory.mktemp("plugin")
+    src = root / "src"
+    (src / "hold_plugin").mkdir(parents=True)
+    (src / "hold_plugin" / "__init__.py").write_text(PLUGIN)
+    (src / "pyproject.toml").write_text(
+        textwrap.dedent("""
+        [build-system]
+        requires = ["setuptools"]
+        build-backend = "setuptools.build_meta"
+        [project]
+        name = "hold-plugin"
+        version = "0.1"
+        [project.entry-points."prorl_async.handlers"]
+        hold = "hold_plugin:HoldHandler"
+        [tool.setuptools]
+        packages = ["hold_plugin"]
+    """)
+    )
+    site = root / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    return site
+
+
+@asynccontextmanager
+async def server_process(
+    tmp_path: Path, extra_env: dict[str, str], *args: str
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    env = {**os.environ, **extra_env}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "prorl_async.cli",
+        "serve",
+        "--port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        *args,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        async with asyncio.timeout(30):
+            while True:
+                line = (await proc.stderr.readline()).decode()
+                assert line, "server exited before listening"
+                found = re.search(r"listening on (http://\S+)", line)
+                if found:
+                    break
+        yield proc, found.group(1)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+
+
+async def test_entry_point_plugin_and_sigterm_with_200_jobs(
+    tmp_path: Path, plugin_site: Path
+) -> None:
+    env = {"PYTHONPATH": f"{plugin_site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    async with server_process(tmp_path, env, "--run-workers", "64") as (proc, url):
+        async with RolloutClient(url) as client:
+            first = await client.submit("hold", {"run_s": 0})
+            res = await client.result(first, wait=20)
+            assert res is not None and res["status"] == "done" and res["reward"] == 7.0
+            jobs = [{"task": "hold", "instance": {"run_s": 600}} for _ in range(40)]
+            jobs += [{"task": "sleep", "instance": {"run_s": 600}} for _ in range(160)]
+            ids = await client.submit_batch(jobs)
+            assert len(ids) == 200
+            # 40 plugin jobs hold a child each; wait until they are all running
+            async with asyncio.timeout(30):
+                while len(descendants(proc.pid)) < 40:
+                    await client.status()
+            children = descendants(proc.pid)
+        assert proc.stderr is not None
+        proc.send_signal(signal.SIGTERM)
+        async with asyncio.timeout(30):
+            rest = (await proc.stderr.read()).decode()
+            code = await proc.wait()
+        assert code == 0, rest
+        assert "Traceback" not in rest and "Warning" not in rest and "was destroyed" not in rest
+        assert "stopped cleanly" in rest
+        alive = [p for p in children if os.path.exists(f"/proc/{p}") and _not_zombie(p)]
+        assert alive == []
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+async def test_sigint_exits_zero(tmp_path: Path) -> None:
+    async with server_process(tmp_path, {}) as (proc, url):
+        async with RolloutClient(url) as client:
+            await client.submit_batch([{"task": "sleep", "instance": {"run_s": 60}}] * 10)
+        proc.send_signal(signal.SIGINT)
+        async with asyncio.timeout(30):
+            assert await proc.wait() == 0
+
+
+async def test_bad_config_exits_2(tmp_path: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "prorl_async.cli",
+        "serve",
+        "--run-workers",
+        "0",
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await proc.communicate()
+    assert proc.returncode == 2 and b"run_workers" in err
+
+
+def test_config_precedence(tmp_path: Path) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text('run_workers = 3\ninit_workers = 5\nport = 9000\ntoken = "t"\n')
+    env = {"PRORL_RUN_WORKERS": "7", "PRORL_RETENTION_S": "12.5", "UNRELATED": "x"}
+    cfg = load_config(path=str(toml), env=env, overrides={"port": 9100, "host": None})
+    assert cfg.init_workers == 5  # file
+    assert cfg.run_workers == 7  # env beats file
+    assert cfg.retention_s == 12.5
+    assert cfg.port == 9100  # flag beats file
+    assert cfg.host == "127.0.0.1"  # default
+    assert cfg.token == "t"
+
+
+@pytest.mark.parametrize(
+    ("content", "env", "needle"),
+    [
+        ("run_workers = 'many'\n", {}, "run_workers"),
+        ("bogus_key = 1\n", {}, "bogus_key"),
+        ("", {"PRORL_EVAL_WORKERS": "x"}, "eval_workers"),
+        ("not toml [", {}, "c.toml"),
+    ],
+)
+def test_config_errors_name_the_field(
+    tmp_path: Path, content: str, env: dict[str, str], needle: str
+) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text(content)
+    with pytest.raises(ConfigError, match=needle):
+        load_config(path=str(toml), env=env)
+
+
+def test_default_state_dir_is_per_user_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", "/x/cache")
+    assert load_config(env={}).state_dir == "/x/cache/prorl-async"

@@ -1,0 +1,149 @@
+"""Long-polling: bounded waits, many at once, disconnects, retention and delete."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+
+from prorl_async.client import NotFoundError
+from tests.gate import GateHandler
+from tests.serverutil import ServerFactory, eventually
+
+
+async def test_poll_returns_as_soon_as_one_job_ends(
+    make_server: ServerFactory, gate: GateHandler
+) -> None:
+    async with make_server() as srv:
+        a = await srv.client.submit("gate", {"block": ["run"]})
+        b = await srv.client.submit("gate", {"block": ["run"]})
+        await gate.event(a, "run").wait()
+        poll = asyncio.create_task(srv.client.poll([a, b, "ghost"], wait=30))
+        await eventually(lambda: srv.service.poll_waiters == 1)
+        t0 = time.monotonic()
+        gate.release(b)
+        out = await poll
+        assert time.monotonic() - t0 < 5
+        assert [d["job_id"] for d in out["done"]] == [b]
+        assert out["pending"] == [a] and out["unknown"] == ["ghost"]
+        assert srv.service.poll_waiters == 0
+        gate.release(a)
+
+
+async def test_wait_zero_and_202_while_pending(
+    make_server: ServerFactory, gate: GateHandler
+) -> None:
+    async with make_server() as srv:
+        a = await srv.client.submit("gate", {"block": ["init"]})
+        async with aiohttp.ClientSession() as s, s.get(f"{srv.url}/jobs/{a}") as r:
+            assert r.status == 202
+            assert (await r.json())["status"] in ("queued_init", "init")
+        t0 = time.monotonic()
+        assert await srv.client.result(a, wait=0.3) is None
+        assert 0.25 <= time.monotonic() - t0 < 3
+        gate.release(a)
+
+
+async def test_wait_is_capped_by_server_config(
+    make_server: ServerFactory, gate: GateHandler
+) -> None:
+    async with make_server(max_wait_s=0.2) as srv:
+        a = await srv.client.submit("gate", {"block": ["init"]})
+        t0 = time.monotonic()
+        assert await srv.client.result(a, wait=60) is None
+        assert time.monotonic() - t0 < 5
+        gate.release(a)
+
+
+async def test_thousand_concurrent_long_polls(
+    make_server: ServerFactory, gate: GateHandler
+) -> None:
+    async with make_server() as srv:
+        ids = await srv.client.submit_batch(
+            [{"task": "gate", "instance": {"block": ["run"]}} for _ in range(50)]
+        )
+        connector = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=connector) as s:
+
+            async def one(i: int) -> tuple[int, float]:
+                t0 = time.monotonic()
+                async with s.get(f"{srv.url}/jobs/{ids[i % 50]}?wait=2") as r:
+                    await r.read()
+                    return r.status, time.monotonic() - t0
+
+            results = await asyncio.gather(*(one(i) for i in range(1000)))
+        assert all(status == 202 for status, _ in results)
+        assert max(d for _, d in results) < 2 + 3.0  # each within its wait plus slack
+        assert srv.service.poll_waiters == 0
+        assert (await srv.client.status())["poll_waiters"] == 0
+        for job_id in ids:
+            gate.release(job_id)
+
+
+async def test_disconnected_poll_leaves_no_waiter(
+    make_server: ServerFactory, gate: GateHandler
+) -> None:
+    async with make_server() as srv:
+        a = await srv.client.submit("gate", {"block": ["init"]})
+        async with aiohttp.ClientSession() as s:
+            req = asyncio.create_task(s.get(f"{srv.url}/jobs/{a}?wait=60"))
+            poll = asyncio.create_task(s.post(f"{srv.url}/poll", json={"job_ids": [a], "wait": 60}))
+            await eventually(lambda: srv.service.poll_waiters == 2)
+            req.cancel()
+            poll.cancel()
+            await asyncio.gather(req, poll, return_exceptions=True)
+        await eventually(lambda: srv.service.poll_waiters == 0)
+        metrics = await _metrics(srv.url)
+        assert "prorl_poll_waiters 0.0" in metrics
+        job = srv.service.store.get(a)
+        assert job is not None and not job._waiters
+        gate.release(a)
+
+
+async def _metrics(url: str) -> str:
+    async with aiohttp.ClientSession() as s, s.get(f"{url}/metrics") as r:
+        return await r.text()
+
+
+async def test_retention_drops_old_results(make_server: ServerFactory) -> None:
+    async with make_server(retention_s=60) as srv:
+        job_id = await srv.client.submit("sleep", {})
+        assert (await srv.client.result(job_id, wait=10) or {})["status"] == "done"
+        assert srv.service.store.expire(time.monotonic() + 30) == 0
+        assert await srv.client.result(job_id) is not None
+        assert srv.service.store.expire(time.monotonic() + 61) == 1
+        try:
+            await srv.client.result(job_id)
+            raise AssertionError("expired result still served")
+        except NotFoundError:
+            pass
+
+
+async def test_retention_sweeper_runs_by_itself(make_server: ServerFactory) -> None:
+    async with make_server(retention_s=0.2) as srv:
+        ids = await srv.client.submit_batch([{"task": "sleep", "instance": {}}] * 20)
+        out = await srv.client.poll(ids, wait=10)
+        while out["pending"]:
+            out = await srv.client.poll(out["pending"], wait=10)
+        await eventually(lambda: len(srv.service.store) == 0)
+
+
+async def test_delete_forgets_and_cancels(make_server: ServerFactory, gate: GateHandler) -> None:
+    async with make_server() as srv:
+        done = await srv.client.submit("sleep", {})
+        await srv.client.result(done, wait=10)
+        await srv.client.delete(done)
+        running = await srv.client.submit("gate", {"block": ["run"]})
+        await gate.event(running, "run").wait()
+        await srv.client.delete(running)
+        assert running in gate.released
+        for job_id in (done, running):
+            try:
+                await srv.client.result(job_id)
+                raise AssertionError("deleted job still there")
+            except NotFoundError:
+                pass
+        # a cancelled-then-deleted id is still not resurrected
+        await srv.client.submit("sleep", {}, job_id=running)
+        assert running not in {j.id for j in srv.service.store.unfinished()}

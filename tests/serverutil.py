@@ -1,0 +1,65 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from prorl_async.app import run_server
+from prorl_async.client import RolloutClient
+from prorl_async.config import load_config
+from prorl_async.handler import HandlerRegistry
+from prorl_async.routes import SERVICE
+from prorl_async.service import RolloutService
+from tests.gate import GateHandler
+
+
+class Server:
+    def __init__(self, app: web.Application, url: str, client: RolloutClient) -> None:
+        self.app = app
+        self.url = url
+        self.client = client
+
+    @property
+    def service(self) -> RolloutService:
+        return self.app[SERVICE]
+
+
+ServerFactory = Callable[..., AbstractAsyncContextManager[Server]]
+
+
+@pytest.fixture
+def gate() -> GateHandler:
+    return GateHandler()
+
+
+@pytest.fixture
+def make_server(tmp_path: Path, gate: GateHandler) -> ServerFactory:
+    @asynccontextmanager
+    async def factory(**overrides: Any) -> AsyncIterator[Server]:
+        cfg = load_config(
+            overrides={"port": 0, "state_dir": str(tmp_path / "state"), **overrides}, env={}
+        )
+        registry = HandlerRegistry.discover()
+        registry.register(gate)
+        async with run_server(cfg, registry) as (app, url):
+            async with RolloutClient(url, token=cfg.token) as client:
+                yield Server(app, url, client)
+
+    return factory
+
+
+async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0) -> None:
+    """Re-check real server state until it holds (bounded; for state with no event to await)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            result = check()
+            if not isinstance(result, bool):
+                result = await result
+            if result:
+                return
+            await asyncio.sleep(0.005)
