@@ -22,7 +22,8 @@ async def test_sleep_job_runs_all_stages(make_server: ServerFactory) -> None:
         assert res["status"] == "done" and res["reward"] == 0.25 and res["error"] is None
         assert res["metadata"] == {"k": [1, 2]}
         t = res["timing"]
-        assert t["run_s"] >= 0.05 and t["init_s"] >= 0.01 and t["eval_s"] >= 0.01
+        # loop timers have ~1 ms granularity
+        assert t["run_s"] >= 0.045 and t["init_s"] >= 0.008 and t["eval_s"] >= 0.008
         assert t["active_s"] == pytest.approx(t["init_s"] + t["run_s"] + t["eval_s"], abs=1e-5)
         assert res["prompt_ids"] == [] and res["num_turns"] == 0
 
