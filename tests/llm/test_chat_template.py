@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -26,7 +27,7 @@ def bundled() -> ChatTemplate:
 
 
 def test_bundled_template_renders_tools_calls_and_responses() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "List files."},
         {
