@@ -90,7 +90,7 @@ def _split_ids(tok: ChatTokenizer, text: str, rng: random.Random) -> list[int]:
 
 
 def _random_ids(tok: ChatTokenizer, rng: random.Random, specials: set[int]) -> list[int]:
-    base = tok._tok.get_vocab_size(with_added_tokens=False)
+    base = tok.hf_tokenizer.get_vocab_size(with_added_tokens=False)
     return [i for i in (rng.randrange(base) for _ in range(32)) if i not in specials]
 
 
@@ -106,7 +106,7 @@ def _reply(tok: ChatTokenizer, kind: str, rng: random.Random, call: str, sp: set
 
 
 def _script(tok: ChatTokenizer, kind: str, rng: random.Random, turns: int) -> list[list[int]]:
-    specials = set(tok._tok.get_added_tokens_decoder())
+    specials = set(tok.added_token_ids)
     replies = []
     for turn in range(turns):
         name = "finish" if turn == turns - 1 else "bash"

@@ -52,7 +52,11 @@ class ToolBox(Protocol):
         ...
 
     async def call(self, name: str, arguments: dict[str, Any]) -> str:
-        """Run tool ``name``; return the observation text (raise ToolCallError for bad calls)."""
+        """Run tool ``name`` and return the observation text.
+
+        Raise :class:`ToolCallError` to report a bad call to the model (the loop goes on); any
+        other exception fails the rollout, with the turns so far kept in the trajectory.
+        """
         ...
 
 

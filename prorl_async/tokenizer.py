@@ -64,6 +64,16 @@ class ChatTokenizer:
         self.eos_id = _single_id(tokenizer, eos_token, source)
 
     @property
+    def hf_tokenizer(self) -> Tokenizer:
+        """The underlying ``tokenizers.Tokenizer``."""
+        return self._tok
+
+    @property
+    def added_token_ids(self) -> frozenset[int]:
+        """Ids of added tokens (special or not): the points joins never drift at."""
+        return frozenset(int(i) for i in self._tok.get_added_tokens_decoder())
+
+    @property
     def vocab_size(self) -> int:
         """Number of ids, added tokens included."""
         return int(self._tok.get_vocab_size(with_added_tokens=True))

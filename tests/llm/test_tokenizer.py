@@ -128,3 +128,9 @@ def test_no_default_template_among_several(tmp_path: Path) -> None:
     tok = load_tokenizer(make_dir(tmp_path, config))
     with pytest.raises(TokenizerError, match="no 'default' chat template among: a, b"):
         tok.render([])
+
+
+def test_added_token_ids_are_the_chat_tokens() -> None:
+    tok = load_tokenizer()
+    assert {tok.decode([i]) for i in tok.added_token_ids} == set(SPECIALS + TOOL_TAGS)
+    assert tok.hf_tokenizer.get_vocab_size() == tok.vocab_size
