@@ -14,7 +14,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import tokenizers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from prorl_async.chat_template import ChatTemplate
 
 __all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "VOCAB_SIZE", "build_corpus", "train", "main"]
 
@@ -107,7 +110,8 @@ your model's own tokenizer directory for that.
 
 - Trained by `python -m prorl_async._train_tokenizer` on text that script generates from a fixed
   seed (English-like prose, maths, JSON, Python, shell, tool-call conversations) plus its own
-  source. Deterministic: re-running it reproduces these files byte for byte.
+  source. Deterministic: re-running it with `tokenizers` {version} (the version these files
+  were made with) reproduces them byte for byte.
 - Special tokens (single ids, never merged): `<|endoftext|>`, `<|im_start|>`, `<|im_end|>`
   (`special: true`) and `<tool_call>`, `</tool_call>`, `<tool_response>`, `</tool_response>`
   (added tokens, `special: false` as in Qwen2.5/Qwen3 so detokenized text keeps them).
@@ -300,8 +304,6 @@ def _conversation(rng: random.Random) -> tuple[list[dict[str, object]], list[dic
 
 
 def _render_conversations(rng: random.Random, count: int) -> Iterator[str]:
-    from prorl_async.chat_template import ChatTemplate
-
     template = ChatTemplate(CHAT_TEMPLATE)
     for _ in range(count):
         msgs, tools = _conversation(rng)
@@ -376,7 +378,9 @@ def main(argv: list[str] | None = None) -> None:
     (out / "tokenizer.json").write_text(tok.to_str(pretty=False) + "\n", encoding="utf-8")
     config = json.dumps(tokenizer_config(), indent=2, ensure_ascii=False) + "\n"
     (out / "tokenizer_config.json").write_text(config, encoding="utf-8")
-    (out / "README.md").write_text(README.format(vocab=tok.get_vocab_size()), encoding="utf-8")
+    (out / "README.md").write_text(
+        README.format(vocab=tok.get_vocab_size(), version=tokenizers.__version__), encoding="utf-8"
+    )
 
 
 if __name__ == "__main__":

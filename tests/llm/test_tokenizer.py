@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import tokenizers
 
 from prorl_async import _train_tokenizer
 from prorl_async.tokenizer import BUNDLED_TOKENIZER_DIR, TokenizerError, load_tokenizer
@@ -50,8 +51,18 @@ def test_bundled_round_trip_of_plain_text() -> None:
 
 def test_training_script_reproduces_bundled_files(tmp_path: Path) -> None:
     _train_tokenizer.main([str(tmp_path)])
-    for name in ("tokenizer.json", "tokenizer_config.json", "README.md"):
-        assert (tmp_path / name).read_bytes() == (BUNDLED_TOKENIZER_DIR / name).read_bytes(), name
+    fresh, bundled = tmp_path, BUNDLED_TOKENIZER_DIR
+    config = "tokenizer_config.json"
+    assert (fresh / config).read_bytes() == (bundled / config).read_bytes()
+    if f"`tokenizers` {tokenizers.__version__} " in (bundled / "README.md").read_text():
+        for name in ("tokenizer.json", "README.md"):
+            assert (fresh / name).read_bytes() == (bundled / name).read_bytes(), name
+    else:  # another tokenizers release may serialise differently: compare what matters
+        new, old = (json.loads((d / "tokenizer.json").read_text()) for d in (fresh, bundled))
+        for key in ("added_tokens", "pre_tokenizer"):
+            assert new[key] == old[key], key
+        assert new["model"]["vocab"] == old["model"]["vocab"]
+        assert new["model"]["merges"] == old["model"]["merges"]
 
 
 def test_list_form_template_and_dict_special_tokens(tmp_path: Path) -> None:
