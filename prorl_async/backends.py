@@ -405,14 +405,15 @@ class BackendPool:
                 self._failed(b)
                 tried.add(b.address)
                 if attempt < self.config.retries:
-                    await self._move(lease, frozenset(tried), attempt)
+                    await self._move(lease, frozenset(tried), attempt, exc)
                 continue
             except EngineError as exc:
                 raise BackendError(str(exc), address=b.address) from exc
             b.failures = 0
             return gen
         attempts = self.config.retries + 1
-        raise BackendError(f"LLM call failed after {attempts} attempts: {last}") from last
+        msg = f"LLM call failed after {attempts} attempts: {last}"
+        raise BackendError(msg, address=last.address if last else None) from last
 
     async def _complete(
         self, b: Backend, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
@@ -426,12 +427,17 @@ class BackendPool:
             model=b.model, timeout_s=timeout, weight_version=b.weight_version,
         )  # fmt: skip
 
-    async def _move(self, lease: Lease, avoid: frozenset[str], attempt: int) -> None:
-        """Move the lease to the best other backend (or back to the same one, after a pause)."""
+    async def _move(
+        self, lease: Lease, avoid: frozenset[str], attempt: int, cause: EngineError
+    ) -> None:
+        """Move the lease to the best other backend (or back to the same one, after a pause).
+
+        With no backend registered at all (a checkpoint swap) it waits for one, like a new job.
+        """
         if self._backends and not any(b.healthy for b in self._backends.values()):
-            raise BackendError(
-                f"no healthy backend to fail over to ({len(self._backends)} registered)"
-            )
+            n = len(self._backends)
+            msg = f"no healthy backend to fail over to ({n} registered); last error: {cause}"
+            raise BackendError(msg, address=cause.address) from cause
         old = lease._release_hold()
         assert old is not None
         old.inflight -= 1  # give our slot back first: it may be the only one there is

@@ -27,16 +27,23 @@ class Faults(msgspec.Struct, kw_only=True):
     nan_rate: float = 0.0
     missing_rate: float = 0.0
     down: bool = False
+    fail_next: int = 0
+    """Answer the next N generation requests 503 (counts down), then behave normally."""
 
     def __post_init__(self) -> None:
         for name in ("error_rate", "hang_rate", "drop_rate", "nan_rate", "missing_rate"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"fault {name} must be within [0, 1], got {value}")
+        if self.fail_next < 0:
+            raise ValueError(f"fault fail_next must be >= 0, got {self.fail_next}")
 
     def outcome(self, rng: random.Random) -> Outcome:
         """Draw what happens to one generation request."""
         if self.down:
+            return "error"
+        if self.fail_next > 0:
+            self.fail_next -= 1
             return "error"
         x = rng.random()
         for kind, rate in (("error", self.error_rate), ("hang", self.hang_rate)):

@@ -201,6 +201,33 @@ async def test_5xx_drops_and_hangs_are_retried_elsewhere(start_llm: StartLLM, fa
         assert pool.get(a.address).failures == 1  # type: ignore[union-attr]
 
 
+async def test_transient_error_on_the_only_backend_is_retried_there(start_llm: StartLLM) -> None:
+    a = await start_llm()
+    async with BackendPool(FAST) as pool:
+        pool.add(a.address)
+        a.set_faults(fail_next=1)
+        async with pool.lease() as lease:
+            gen = await lease.generate(PROMPT, 8, {})
+        assert gen.backend == a.address and [e.outcome for e in a.log] == ["error", "ok"]
+        assert pool.snapshot()[0]["healthy"] and pool.get(a.address).failures == 0  # type: ignore[union-attr]
+
+
+async def test_failover_during_a_checkpoint_swap_waits_for_the_new_backend(
+    start_llm: StartLLM,
+) -> None:
+    a, b = await start_llm(), await start_llm()
+    async with BackendPool(FAST) as pool:
+        pool.add(a.address, weight_version=1)
+        async with pool.lease() as lease:
+            pool.clear()
+            await a.kill()
+            call = asyncio.create_task(lease.generate(PROMPT, 8, {}))
+            await wait_until(lambda: pool.waiting == 1, "the retry to wait for a backend")
+            pool.add(b.address, weight_version=2)
+            gen = await call
+        assert (gen.backend, gen.weight_version) == (b.address, 2)
+
+
 async def test_all_backends_down_raises_backend_error(start_llm: StartLLM) -> None:
     a, b = await start_llm(), await start_llm()
     async with BackendPool(PoolConfig(failure_threshold=10, retries=3)) as pool:
