@@ -13,7 +13,7 @@ Real training points the rollout server at vLLM or SGLang, never at this.
 
 from __future__ import annotations
 
-from prorl_async.scripted_llm._cli import main
+from prorl_async.scripted_llm._cli import build_parser, main
 from prorl_async.scripted_llm._tokenizer import load_tokenizer
 from prorl_async.scripted_llm.faults import Faults
 from prorl_async.scripted_llm.latency import LatencyModel, Stats
@@ -40,6 +40,7 @@ __all__ = [
     "Reply",
     "ScriptedLLM",
     "Stats",
+    "build_parser",
     "load_tokenizer",
     "main",
     "make_policy",
