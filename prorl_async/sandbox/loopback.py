@@ -83,6 +83,14 @@ class LoopbackAllocator:
             f"no free loopback address in {self.directory} after {tries} tries"
         )
 
+    def try_acquire(self, ip: str) -> LoopbackLease | None:
+        """Lock one specific address, or None if another holder has it."""
+        addr = ipaddress.IPv4Address(ip)
+        if not _FIRST <= int(addr) <= _LAST:
+            raise ValueError(f"loopback address {ip} is outside 127.1.0.1-127.254.255.254")
+        self._ensure_dir()
+        return self._try_lock(str(addr))
+
     def in_use(self) -> list[str]:
         """Addresses currently locked by any process (for diagnostics and tests)."""
         out = []

@@ -1,0 +1,82 @@
+"""Live-sandbox records and reaping what a crashed server left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from prorl_async.sandbox import SandboxRecords
+from prorl_async.sandbox._procs import start_time, wait_exited
+
+# A "server" that starts a sandbox-like process in its own session, records it, and crashes.
+_CRASHING_SERVER = """
+import os, subprocess, sys
+from prorl_async.sandbox import SandboxRecords
+child = subprocess.Popen(["sleep", "1000"], start_new_session=True, stdout=subprocess.DEVNULL)
+os.makedirs(sys.argv[2], exist_ok=True)
+SandboxRecords(sys.argv[1]).add("crashed1", child.pid, runtime="local", paths=(sys.argv[2],))
+print(child.pid, flush=True)
+os._exit(0)
+"""
+
+
+async def _crash_leaving_orphan(state: Path, owned_dir: Path) -> int:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CRASHING_SERVER, str(state), str(owned_dir),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    return int(out)
+
+
+async def test_reap_stale_kills_orphans_of_a_dead_server(tmp_path: Path) -> None:
+    owned = tmp_path / "sandbox-dir"
+    orphan = await _crash_leaving_orphan(tmp_path, owned)
+    assert start_time(orphan) is not None, "the orphan should outlive its crashed server"
+    records = SandboxRecords(tmp_path)
+    reaped = records.reap_stale()
+    assert [r.sandbox_id for r in reaped] == ["crashed1"]
+    assert await wait_exited([orphan], timeout=10) == set()
+    assert not owned.exists()
+    assert records.load() == []
+
+
+async def test_reused_pid_is_never_killed(tmp_path: Path) -> None:
+    victim = await asyncio.create_subprocess_exec("sleep", "1000", start_new_session=True)
+    try:
+        records = SandboxRecords(tmp_path)
+        rec = records.add("reused", victim.pid, runtime="bwrap")
+        # Same pid, different start time, dead owner: as if the pid had been recycled.
+        forged = rec.__class__(
+            sandbox_id="reused", pid=victim.pid, start_time=rec.start_time - 1,
+            owner_pid=rec.owner_pid, owner_start_time=rec.owner_start_time - 1, runtime="bwrap",
+        )  # fmt: skip
+        (tmp_path / "sandboxes" / "reused.json").write_bytes(_encode(forged))
+        assert [r.sandbox_id for r in records.reap_stale()] == ["reused"]
+        assert victim.returncode is None and start_time(victim.pid) == rec.start_time
+    finally:
+        victim.kill()
+        await victim.wait()
+
+
+async def test_records_of_a_live_server_are_left_alone(tmp_path: Path) -> None:
+    child = await asyncio.create_subprocess_exec("sleep", "1000", start_new_session=True)
+    try:
+        records = SandboxRecords(tmp_path)
+        records.add("mine", child.pid, runtime="bwrap")
+        (tmp_path / "sandboxes" / "junk.json").write_text("{not json")
+        assert records.reap_stale() == []
+        assert start_time(child.pid) is not None
+        assert [r.sandbox_id for r in records.load()] == ["mine"]
+        records.remove("mine")
+        assert records.load() == []
+    finally:
+        child.kill()
+        await child.wait()
+
+
+def _encode(rec: object) -> bytes:
+    import msgspec
+
+    return msgspec.json.encode(rec)
