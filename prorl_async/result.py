@@ -38,6 +38,8 @@ def timing(job: Job) -> dict[str, float]:
         "active_s": round(total_active, 6),
         # Time inside a stage with the timer paused (waiting for an LLM backend).
         "backend_wait_s": round(max(wall - total_active, 0.0), 6),
+        # Submit to terminal, wall clock: queued + active + backend wait + orchestration.
+        "total_s": round(max(job.finished_at - job.submitted_at, 0.0), 6),
     }
 
 

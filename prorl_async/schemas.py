@@ -101,6 +101,7 @@ class Timing(msgspec.Struct, frozen=True):
     eval_s: float
     active_s: float
     backend_wait_s: float = 0.0
+    total_s: float = 0.0
 
 
 class ResultDoc(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,6 +154,8 @@ class StatusResponse(msgspec.Struct, frozen=True):
     poll_waiters: int
     backends: list[BackendInfo]
     backend_waiting: int = 0
+    # Job records in the store (live + retained results); bounded by retention.
+    records: int = 0
 
 
 class Problem(msgspec.Struct, frozen=True):

@@ -242,6 +242,7 @@ class RolloutService:
             poll_waiters=self.poll_waiters,
             backends=[_backend_info(b) for b in self._backends()],
             backend_waiting=self._backend_waiting(),
+            records=len(self.store),
         )
 
 

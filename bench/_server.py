@@ -1,0 +1,78 @@
+"""Start a real server process for a benchmark and read its RSS and open fds."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def tcp_connections(pid: int, port: int) -> int:
+    """Established TCP connections on the server's port (from /proc/net/tcp)."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    local_port = int(parts[1].rsplit(":", 1)[1], 16)
+                    if local_port == port and parts[3] == "01":
+                        count += 1
+        except OSError:
+            continue
+    return count
+
+
+@asynccontextmanager
+async def server(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[tuple[int, str]]:
+    """A ``prorl-async serve`` process on a free port: yields (pid, base URL)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "prorl_async.cli",
+        "serve",
+        "--port",
+        "0",
+        *args,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    assert proc.stderr is not None
+    drain: asyncio.Task[None] | None = None
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                line = (await proc.stderr.readline()).decode()
+                if not line:
+                    raise RuntimeError("server exited before listening")
+                found = re.search(r"listening on (http://\S+)", line)
+                if found:
+                    break
+        drain = asyncio.create_task(_drain(proc.stderr))
+        yield proc.pid, found.group(1)
+    finally:
+        proc.terminate()
+        await proc.wait()
+        if drain is not None:
+            await drain
+
+
+async def _drain(stream: asyncio.StreamReader) -> None:
+    while line := await stream.readline():
+        sys.stderr.write("server: " + line.decode())

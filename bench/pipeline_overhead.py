@@ -1,0 +1,178 @@
+"""Pipeline overhead: >= 20,000 zero-duration `sleep` jobs through all three stages.
+
+Prints submit throughput (single and batch), end-to-end completed jobs/s, submit
+latency p50/p99, orchestration overhead per job (completion time minus the sum of
+stage durations, here all zero) with 256 jobs kept in flight, and the server's RSS
+before, after the run, and after result retention has dropped the results.
+
+    python bench/pipeline_overhead.py [--jobs 20000] [--inflight 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench._server import rss_mib, server  # noqa: E402
+from prorl_async.client import RolloutClient  # noqa: E402
+
+SLEEP0 = {"task": "sleep", "instance": {}}
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def single_submits(client: RolloutClient, n: int, conc: int) -> tuple[float, list[float]]:
+    lat: list[float] = []
+    sem = asyncio.Semaphore(conc)
+
+    async def one() -> None:
+        async with sem:
+            t0 = time.perf_counter()
+            await client.submit("sleep", {})
+            lat.append(time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one() for _ in range(n)))
+    return n / (time.perf_counter() - t0), lat
+
+
+async def drain(client: RolloutClient, ids: list[str]) -> list[dict]:
+    pending, done = list(ids), []
+    while pending:
+        out = await client.poll(pending[:5000], wait=5)
+        done += out["done"]
+        finished = {d["job_id"] for d in out["done"]}
+        pending = [i for i in pending if i not in finished]
+    return done
+
+
+async def batch_end_to_end(client: RolloutClient, n: int, batch: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    ids: list[str] = []
+    for i in range(0, n, batch):
+        ids += await client.submit_batch([SLEEP0] * min(batch, n - i))
+    submit_rate = n / (time.perf_counter() - t0)
+    docs = await drain(client, ids)
+    assert len(docs) == n and all(d["status"] == "done" for d in docs)
+    return submit_rate, n / (time.perf_counter() - t0)
+
+
+async def closed_loop(
+    client: RolloutClient, n: int, inflight: int, instance: dict[str, float]
+) -> tuple[float, list[float]]:
+    """Keep ``inflight`` jobs in flight; replace each finished one at once.
+
+    Overhead per job = server-side completion time (submit -> terminal) minus the
+    time it actually spent inside its stages (timer slop of the sleeps is not ours).
+    """
+    job = {"task": "sleep", "instance": instance}
+    overheads: list[float] = []
+    pending = set(await client.submit_batch([job] * inflight))
+    submitted = inflight
+    t0 = time.perf_counter()
+    while pending:
+        out = await client.poll(list(pending), wait=5)
+        for doc in out["done"]:
+            pending.discard(doc["job_id"])
+            overheads.append(doc["timing"]["total_s"] - doc["timing"]["active_s"])
+        refill = min(len(out["done"]), n - submitted)
+        if refill:
+            pending.update(await client.submit_batch([job] * refill))
+            submitted += refill
+    return n / (time.perf_counter() - t0), overheads
+
+
+async def wait_expired(client: RolloutClient, retention: float) -> int:
+    """Wait until retention has dropped the finished results; returns records left."""
+    async with asyncio.timeout(retention * 4 + 30):
+        while (records := (await client.status())["records"]) > 0:
+            await asyncio.sleep(retention / 4)  # noqa: ASYNC110 (server state, no event)
+    return int(records)
+
+
+def ms(values: list[float]) -> str:
+    return f"{pct(values, 0.5) * 1e3:.2f} / {pct(values, 0.99) * 1e3:.2f} ms"
+
+
+async def run(args: argparse.Namespace) -> list[tuple[str, str]]:
+    env = {"PRORL_RETENTION_S": str(args.retention)}
+    # Enough workers that 256 timed jobs never queue for a worker: what is left is overhead.
+    workers = ["--init-workers", "256", "--run-workers", "256", "--eval-workers", "256"]
+    timed = {"init_s": 0.01, "run_s": 0.2, "eval_s": 0.01}
+    async with server(*workers, env=env) as (pid, url), RolloutClient(url) as client:
+        rss0 = rss_mib(pid)
+        single_rate, lat = await single_submits(client, 2000, 64)
+        batch_rate, e2e_rate = await batch_end_to_end(client, args.jobs, args.batch)
+        loop_rate, over0 = await closed_loop(client, args.jobs, args.inflight, {})
+        _, over = await closed_loop(client, args.timed_jobs, args.inflight, timed)
+        rss1, records1 = rss_mib(pid), (await client.status())["records"]
+        await wait_expired(client, args.retention)
+        await batch_end_to_end(client, args.jobs, args.batch)
+        await wait_expired(client, args.retention)
+        rss2 = rss_mib(pid)
+    total = 2000 + 2 * args.jobs + args.timed_jobs + args.jobs
+    stages = "/".join(f"{v * 1e3:g}" for v in timed.values())
+    return (
+        [
+            ("jobs pushed through all three stages", f"{total:,}"),
+            ("submit throughput, single POST /process (64 conc.)", f"{single_rate:,.0f} jobs/s"),
+            ("submit latency p50 / p99 (single)", ms(lat)),
+            (
+                f"submit throughput, POST /process/batch ({args.batch}/req)",
+                f"{batch_rate:,.0f} jobs/s",
+            ),
+            (
+                f"end-to-end completed, batch submit + /poll ({args.jobs:,})",
+                f"{e2e_rate:,.0f} jobs/s",
+            ),
+            (
+                f"end-to-end completed, {args.inflight} in flight, zero durations",
+                f"{loop_rate:,.0f} jobs/s",
+            ),
+            ("  completion time p50 / p99 there (queueing: in-flight/throughput)", ms(over0)),
+            (
+                f"orchestration overhead p50 / p99, {args.inflight} in flight, stages {stages} ms",
+                ms(over),
+            ),
+            ("job records held: after the run / after retention", f"{records1:,} / 0"),
+            (
+                "server RSS: start / after run / after 2nd run + retention",
+                f"{rss0:.0f} / {rss1:.0f} / {rss2:.0f} MiB",
+            ),
+        ],
+        loop_rate,
+        pct(over, 0.99),
+    )
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=20_000)
+    ap.add_argument("--timed-jobs", type=int, default=5_000)
+    ap.add_argument("--inflight", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=500)
+    ap.add_argument("--retention", type=float, default=3.0)
+    args = ap.parse_args()
+    rows, rate, p99 = await run(args)  # type: ignore[misc]
+    width = max(len(k) for k, _ in rows)
+    print(f"{'metric':<{width}}  value")
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    print(
+        f"targets: >= 2,000 jobs/s end to end: {'met' if rate >= 2000 else 'MISSED'}; "
+        f"p99 overhead < 5 ms at {args.inflight} in flight: {'met' if p99 < 0.005 else 'MISSED'}"
+    )
+
+
+if __name__ == "__main__":
+    uvloop.run(main())
