@@ -95,8 +95,10 @@ async def closed_loop(
 async def wait_expired(client: RolloutClient, retention: float) -> int:
     """Wait until retention has dropped the finished results; returns records left."""
     async with asyncio.timeout(retention * 4 + 30):
-        while (records := (await client.status())["records"]) > 0:
-            await asyncio.sleep(retention / 4)  # noqa: ASYNC110 (server state, no event)
+        records = (await client.status())["records"]
+        while records > 0:  # server-side state with no event to await: re-read it
+            await asyncio.sleep(retention / 4)
+            records = (await client.status())["records"]
     return int(records)
 
 
