@@ -14,6 +14,9 @@ from typing import Any
 
 import msgspec
 
+from prorl_async.backends import PoolConfig
+from prorl_async.sandbox.limits import SandboxLimits
+
 __all__ = ["ConfigError", "ServerConfig", "default_state_dir", "load_config"]
 
 
@@ -49,7 +52,14 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # LLM side (used by handlers that run the agent loop).
     tokenizer: str | None = None
     max_model_len: int = 32768
+    max_tokens: int = 1024
+    max_turns: int = 16
+    # Sandbox runtime: auto (bwrap where it works, else local), bwrap, apptainer, local.
     runtime: str = "auto"
+    # Apptainer image used when a task names none.
+    image: str | None = None
+    sandbox_limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
+    pool: PoolConfig = msgspec.field(default_factory=PoolConfig)
     log_level: str = "info"
 
 
@@ -90,7 +100,7 @@ def load_config(
     merged.update({k: v for k, v in (overrides or {}).items() if v is not None})
     try:
         cfg = msgspec.convert(merged, ServerConfig, strict=False)
-    except msgspec.ValidationError as exc:
+    except (msgspec.ValidationError, ValueError) as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
     _check(cfg)
     return cfg
@@ -100,6 +110,8 @@ def _check(cfg: ServerConfig) -> None:
     for name in ("init_workers", "run_workers", "eval_workers", "max_jobs", "max_batch"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
+    if cfg.runtime not in ("auto", "bwrap", "apptainer", "local"):
+        raise ConfigError(f"runtime must be auto, bwrap, apptainer or local, got {cfg.runtime!r}")
     for name in ("default_timeout_s", "max_wait_s", "retention_s"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")

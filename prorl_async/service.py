@@ -216,7 +216,7 @@ class RolloutService:
 
     def _sandboxes(self) -> int:
         runtime = self.services.runtime
-        return 0 if runtime is None else int(runtime.live_count)
+        return 0 if runtime is None else int(runtime.live)
 
     def _live_state(self) -> LiveState:
         p = self

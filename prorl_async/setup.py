@@ -1,18 +1,37 @@
-"""Setting up the optional app-wide services (backend pool, sandbox runtime, tokenizer)."""
+"""Setting up the app-wide services: tokenizer, LLM backend pool, sandbox runtime."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+from prorl_async.backends import BackendPool
+from prorl_async.sandbox import RuntimeConfig, SandboxRecords, get_runtime
 from prorl_async.services import Services
+from prorl_async.tokenizer import load_tokenizer
 
 __all__ = ["open_services"]
+
+log = logging.getLogger(__name__)
 
 
 @asynccontextmanager
 async def open_services(services: Services) -> AsyncIterator[Services]:
-    """Open what the config asks for, close it in reverse order."""
+    """Open the services in order, close them in reverse (after every job is released)."""
+    config = services.config
+    services.tokenizer = load_tokenizer(config.tokenizer)
+    runtime_config = RuntimeConfig(state_dir=config.state_dir, image=config.image)
+    reaped = SandboxRecords(config.state_dir).reap_stale()
+    if reaped:
+        log.warning("reaped %d sandboxes left by a previous run", len(reaped))
     async with AsyncExitStack() as stack:
-        _ = stack
-        yield services
+        services.pool = await stack.enter_async_context(BackendPool(config.pool))
+        runtime = get_runtime(config.runtime, runtime_config)
+        stack.push_async_callback(runtime.aclose)
+        services.runtime = runtime
+        try:
+            yield services
+        finally:
+            services.pool = None
+            services.runtime = None
