@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from prorl_async.errors import BadRequest, NotFound, PayloadTooLarge, Unavailable
+from prorl_async.errors import BadRequest, NotFound, PayloadTooLarge, Unavailable, Unprocessable
 from prorl_async.openapi import openapi_document
 from prorl_async.schemas import (
     AddLLMServerRequest,
@@ -159,14 +159,17 @@ def _pool(request: web.Request) -> Any:
 async def add_llm_server(request: web.Request) -> web.Response:
     req = await _decode(request, AddLLMServerRequest)
     pool = _pool(request)
-    pool.add(
-        req.address,
-        api=req.api,
-        weight_version=req.weight_version,
-        max_inflight=req.max_inflight,
-        weight=req.weight,
-        model=req.model,
-    )
+    try:
+        pool.add(
+            req.address,
+            api=req.api,
+            weight_version=req.weight_version,
+            max_inflight=req.max_inflight,
+            weight=req.weight,
+            model=req.model,
+        )
+    except ValueError as exc:
+        raise Unprocessable(str(exc)) from None
     return _json({"backends": pool.snapshot()})
 
 

@@ -122,5 +122,9 @@ async def test_client_raises_typed_errors(make_server: ServerFactory) -> None:
             await srv.client.result("missing")
         with pytest.raises(c.BadRequestError, match="wait"):
             await srv.client.poll(["a"], wait=-1)
-        with pytest.raises(c.ServiceUnavailableError):  # no pool configured in core tests
-            await srv.client.add_llm_server("http://127.0.0.1:1/v1")
+        with pytest.raises(c.BadRequestError, match="api"):
+            await srv.client.add_llm_server("http://127.0.0.1:1/v1", api="bogus")
+        with pytest.raises(c.UnprocessableError, match="address"):
+            await srv.client.add_llm_server("not a url")
+        with pytest.raises(c.NotFoundError, match="address"):
+            await srv.client.remove_llm_server("http://127.0.0.1:1/v1")
