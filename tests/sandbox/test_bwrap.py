@@ -71,12 +71,13 @@ async def test_host_is_read_only_except_workspace(bwrap: BwrapRuntime, tmp_path:
         assert "WROTE" not in r.stdout, r.stdout
         assert r.stdout.strip().endswith("/workspace")
         assert (sb.workspace / "out.txt").read_text() == "ok\n"
-        assert not os.path.exists("/tmp/private")
+        assert "private" not in os.listdir("/tmp")  # the sandbox's /tmp is its own
         await sb.write_files({"b/c.txt": "gamma"})
         assert await sb.read_file("b/c.txt") == "gamma"
         assert (await sb.exec("cat src/a.txt b/c.txt")).stdout == "alphagamma"
         with pytest.raises(SpecError):
             await sb.read_file("../etc/passwd")
+        assert _inherited_fds(sb.pid) == []  # no server socket or pipe leaks into the sandbox
 
 
 async def test_loopback_ip_exported_unique_and_bindable(bwrap: BwrapRuntime) -> None:
@@ -198,6 +199,12 @@ async def test_bad_spec_is_rejected_before_anything_starts(bwrap: BwrapRuntime) 
 
 def _fields(config: RuntimeConfig) -> dict[str, object]:
     return {f: getattr(config, f) for f in config.__struct_fields__}
+
+
+def _inherited_fds(pid: int) -> list[str]:
+    fds = Path(f"/proc/{pid}/fd")
+    targets = [os.readlink(fds / name) for name in os.listdir(fds)]
+    return [t for t in targets if t.startswith(("socket:", "pipe:"))]
 
 
 def _cmd(pid: int) -> str:

@@ -1,0 +1,57 @@
+"""The local (unisolated, dev-only) runtime and runtime selection."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from prorl_async.sandbox import (
+    BwrapRuntime,
+    LocalRuntime,
+    RuntimeConfig,
+    bwrap_problem,
+    get_runtime,
+)
+from prorl_async.sandbox._procs import descendants, kill_all, wait_exited
+from tests.sandbox.conftest import snapshot, still_running
+
+# Starts `sleep` in a new session with no inherited fds, records its pid and exits at once.
+_DAEMON = """
+import subprocess
+p = subprocess.Popen(["sleep", "1000"], start_new_session=True, stdin=subprocess.DEVNULL,
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+open("child", "w").write(str(p.pid))
+"""
+
+
+async def test_local_runs_in_host_workspace_and_kills_escapees(
+    local: LocalRuntime, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        sb = await local.start()
+    assert "UNISOLATED" in caplog.text
+    async with sb:
+        r = await sb.exec(f"python3 -c '{_DAEMON}'; pwd", timeout=20)
+        assert r.stdout.strip() == str(sb.workspace)
+        assert (await sb.exec("echo $SANDBOX_LOOPBACK_IP")).stdout.strip() == sb.loopback_ip
+        # The daemon outlived its parent: reparented, no longer below sb.pid.
+        escapee = snapshot({int((sb.workspace / "child").read_text())})
+        assert escapee and not set(escapee) & descendants(sb.pid)
+        tree = snapshot(descendants(sb.pid) | {sb.pid})
+    assert still_running(tree) == []
+    if sb.cgroup is None:
+        left = still_running(escapee)
+        kill_all(left)
+        await wait_exited(left, 5)
+        pytest.skip("without a pids cgroup the local runtime cannot find reparented processes")
+    assert still_running(escapee) == []
+
+
+def test_get_runtime(config: RuntimeConfig) -> None:
+    with pytest.raises(ValueError, match="'nope'"):
+        get_runtime("nope", config)
+    assert isinstance(get_runtime("local", config), LocalRuntime)
+    auto = get_runtime("auto", config)
+    expected = BwrapRuntime if bwrap_problem() is None else LocalRuntime
+    assert isinstance(auto, expected)
