@@ -108,7 +108,9 @@ class PidsCgroup:
         while (pids := self.pids()) and loop.time() < deadline:
             # Re-read after each round: a process may have forked while being killed.
             kill_all(pids)
-            await wait_exited(pids, max(0.0, deadline - loop.time()))
+            left = await wait_exited(pids, max(0.0, deadline - loop.time()))
+            if not left and self.pids() == pids:
+                break  # only exited-but-unreaped entries remain; their parent reaps them
         try:
             self.path.rmdir()
         except OSError as exc:
