@@ -422,10 +422,13 @@ class BackendPool:
         timeout = self.config.request_timeout_s
         if b.api == "vllm" and b.model is None:
             b.model = await fetch_model(self._session, b.address, timeout)
-        return await complete(
+        gen = await complete(
             self._session, b.api, b.address, prompt_ids, max_tokens, sampling,
-            model=b.model, timeout_s=timeout, weight_version=b.weight_version,
+            model=b.model, timeout_s=timeout,
         )  # fmt: skip
+        # The version registered when the tokens came back: a checkpoint swap registered
+        # while the request was held produced them with the new weights.
+        return msgspec.structs.replace(gen, weight_version=b.weight_version)
 
     async def _move(
         self, lease: Lease, avoid: frozenset[str], attempt: int, cause: EngineError

@@ -40,12 +40,14 @@ def gate() -> GateHandler:
 @pytest.fixture
 def make_server(tmp_path: Path, gate: GateHandler) -> ServerFactory:
     @asynccontextmanager
-    async def factory(**overrides: Any) -> AsyncIterator[Server]:
+    async def factory(handlers: tuple[Any, ...] = (), **overrides: Any) -> AsyncIterator[Server]:
         cfg = load_config(
             overrides={"port": 0, "state_dir": str(tmp_path / "state"), **overrides}, env={}
         )
         registry = HandlerRegistry.discover()
         registry.register(gate)
+        for handler in handlers:
+            registry.register(handler)
         async with run_server(cfg, registry) as (app, url):
             async with RolloutClient(url, token=cfg.token) as client:
                 yield Server(app, url, client)

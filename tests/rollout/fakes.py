@@ -1,0 +1,52 @@
+"""Test doubles for the rollout tests: in-process tools and a handler that uses them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from prorl_async.agent_loop import FINISH_TOOL_SPEC
+from prorl_async.agent_task import TOOL_SPECS, run_agent
+from prorl_async.handler import AgentHandler
+from prorl_async.job import Job
+from prorl_async.toolcalls import ToolCallError
+
+
+class FakeTools:
+    """A ToolBox test double: deterministic observations, no sandbox (the LLM side is tested)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    @property
+    def specs(self) -> list[dict[str, Any]]:
+        return [*TOOL_SPECS.values(), FINISH_TOOL_SPEC]
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> str:
+        self.calls.append((name, arguments))
+        if name not in TOOL_SPECS:
+            raise ToolCallError(f"unknown tool {name!r}")
+        key = "command" if name != "python" else "code"
+        if key not in arguments:
+            raise ToolCallError(f"{name}: missing argument {key!r}")
+        return f"[{name}] ran {json.dumps(arguments, sort_keys=True)[:200]}\nexit 0"
+
+
+class ToolUseHandler(AgentHandler):
+    """Task ``tooluse``: the agent loop with FakeTools; reward = number of assistant turns."""
+
+    name = "tooluse"
+
+    async def run(self, job: Job) -> None:
+        prompt = job.instance.get("prompt", "do the thing")
+        messages = [
+            {"role": "system", "content": "You are a test agent."},
+            {"role": "user", "content": prompt},
+        ]
+        await run_agent(
+            job, messages=messages, tools=FakeTools(), max_turns=job.instance.get("max_turns")
+        )
+
+    async def eval(self, job: Job) -> None:
+        assert job.trajectory is not None
+        job.reward = float(job.trajectory.to_result()["num_turns"])
