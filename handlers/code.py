@@ -26,11 +26,14 @@ import msgspec
 from prorl_async.agent_loop import Trajectory
 from prorl_async.agent_task import SandboxTools, run_agent, start_sandbox
 from prorl_async.grading.code import (
+    REPORT_MARKER,
     StdioCase,
+    StdioCaseRun,
     build_function_test,
     build_stdio_runner,
     check_stdio_report,
     extract_solution,
+    outputs_match,
 )
 from prorl_async.handler import AgentHandler, InstanceError
 from prorl_async.job import Job
@@ -195,8 +198,31 @@ async def _run_stdio(
     if done.timed_out or done.exit_code != 0:
         why = "timed out" if done.timed_out else f"exit status {done.exit_code}"
         return _result("stdio", 0, len(cases), f"test runner {why}: {_tail(done.stderr)}")
-    verdict = check_stdio_report(await sandbox.read_file(report), cases)
-    return _result("stdio", verdict.passed, verdict.total, verdict.failure)
+    text = await sandbox.read_file(report)
+    verdict = check_stdio_report(text, cases)
+    return _result("stdio", _count_passed(text, cases), verdict.total, verdict.failure)
+
+
+_RUNS = msgspec.json.Decoder(list[StdioCaseRun])
+
+
+def _count_passed(report: str, cases: list[StdioCase]) -> int:
+    """Cases whose run exited cleanly with the expected output, wherever they are in the list.
+
+    (``check_stdio_report`` stops at the first failure; the fraction counts them all.)
+    """
+    line = next((x for x in reversed(report.splitlines()) if x.startswith(REPORT_MARKER)), None)
+    if line is None:
+        return 0
+    try:
+        runs = _RUNS.decode(line[len(REPORT_MARKER) :])
+    except msgspec.DecodeError:
+        return 0
+    return sum(
+        1
+        for case, run in zip(cases, runs, strict=False)
+        if not run.timed_out and run.returncode == 0 and outputs_match(run.stdout, case.output)
+    )
 
 
 async def evaluate_in(

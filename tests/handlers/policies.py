@@ -82,7 +82,7 @@ class KillToolServer:
         return tool_call("python", {"code": code})
 
 
-Finish = Literal["fenced", "text", "file", "nothing"]
+Finish = Literal["fenced", "text", "file"]
 
 
 @dataclass
@@ -93,8 +93,7 @@ class CodeWriter:
     traceback the policy applies the fix with ``str_replace`` and runs it again. ``finish``
     says how the solution is handed in: the code to ``finish`` in a fenced block
     (``fenced``), a fenced block in the final message and ``finish("done")`` (``text``),
-    only the file name (``file``: the handler reads ``solution.py``), or no code at all
-    (``nothing``).
+    or only the file name (``file``: the handler then reads ``solution.py``).
     """
 
     draft: str
@@ -126,9 +125,7 @@ class CodeWriter:
             return said + tool_call("finish", {"answer": block})
         if self.finish == "text":
             return f"{said}My solution:\n{block}\n" + tool_call("finish", {"answer": "done"})
-        if self.finish == "file":
-            return said + tool_call("finish", {"answer": "solution.py"})
-        return said + tool_call("finish", {"answer": "I give up"})
+        return said + tool_call("finish", {"answer": "solution.py"})
 
 
 # --------------------------------------------------------------------------- serving
