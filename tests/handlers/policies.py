@@ -87,7 +87,7 @@ Finish = Literal["fenced", "text", "file"]
 
 @dataclass
 class CodeWriter:
-    """Writes ``solution.py`` with the editor, runs ``run`` with bash, then finishes.
+    """Writes ``path`` (``solution.py``) with the editor, runs ``run`` with bash, then finishes.
 
     With ``fix=(old, new)`` the first file written is ``draft``; when its run shows a
     traceback the policy applies the fix with ``str_replace`` and runs it again. ``finish``
@@ -100,6 +100,7 @@ class CodeWriter:
     run: str
     fix: tuple[str, str] | None = None
     finish: Finish = "fenced"
+    path: str = "solution.py"
 
     @property
     def solution(self) -> str:
@@ -108,13 +109,13 @@ class CodeWriter:
     def reply(self, conversation: str) -> str:
         seen = tool_responses(conversation)
         if not seen:
-            args = {"command": "create", "path": "solution.py", "file_text": self.draft}
+            args = {"command": "create", "path": self.path, "file_text": self.draft}
             return "I will write the program.\n" + tool_call("str_replace_editor", args)
         if len(seen) % 2 == 1:  # the file was just written or edited: run it
             return "Now I run it.\n" + tool_call("bash", {"command": self.run})
         if self.fix is not None and "Traceback" in seen[-1] and len(seen) == 2:
             old, new = self.fix
-            args = {"command": "str_replace", "path": "solution.py", "old_str": old, "new_str": new}
+            args = {"command": "str_replace", "path": self.path, "old_str": old, "new_str": new}
             return "It crashed; fixing.\n" + tool_call("str_replace_editor", args)
         return self._finish(seen[-1])
 
@@ -125,7 +126,7 @@ class CodeWriter:
             return said + tool_call("finish", {"answer": block})
         if self.finish == "text":
             return f"{said}My solution:\n{block}\n" + tool_call("finish", {"answer": "done"})
-        return said + tool_call("finish", {"answer": "solution.py"})
+        return said + tool_call("finish", {"answer": self.path})
 
 
 # --------------------------------------------------------------------------- serving
