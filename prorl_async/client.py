@@ -107,9 +107,11 @@ class RolloutClient:
     ) -> tuple[int, Any]:
         if self._session is None:
             raise RuntimeError("RolloutClient used outside 'async with'")
-        data: bytes | io.BytesIO | None = None if body is None else _encoder.encode(body)
-        if data is not None and len(data) > _LARGE_BODY:
-            data = io.BytesIO(data)  # aiohttp streams a file-like body instead of copying it
+        data: bytes | io.BytesIO | None = None
+        if body is not None:
+            raw = _encoder.encode(body)
+            # aiohttp streams a file-like body instead of copying a large one
+            data = io.BytesIO(raw) if len(raw) > _LARGE_BODY else raw
         timeout = aiohttp.ClientTimeout(total=wait + self._slack)
         async with self._session.request(
             method, self.base_url + path, data=data, headers=self._headers, timeout=timeout
