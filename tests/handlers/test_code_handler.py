@@ -20,7 +20,7 @@ from tests.handlers.policies import (
     finished,
     serve,
 )
-from tests.serverutil import Server, ServerFactory
+from tests.serverutil import Server, ServerFactory, eventually
 
 SUM_PROBLEM = {
     "problem": "Read two integers a and b on one line and print a + b.",
@@ -130,6 +130,26 @@ async def test_each_test_has_a_time_limit(make_server: ServerFactory) -> None:
         assert res["eval"]["failure"].startswith("case 0: timed out after")
         assert res["timing"]["eval_s"] < 10
         assert_nothing_live(srv)
+
+
+async def test_cancel_during_hidden_tests_closes_the_eval_sandbox(
+    make_server: ServerFactory,
+) -> None:
+    slow = "import time\ntime.sleep(120)\n"
+    instance = {**SUM_PROBLEM, "time_limit_s": 100}
+    async with serve(make_server, CodeWriter(slow, "true")) as srv:
+        job_id = await srv.client.submit("code", instance)
+
+        async def hidden_tests_running() -> bool:
+            status = await srv.client.status()
+            return bool(status["active"]["eval"] == 1 and status["sandboxes"] == 1)
+
+        await eventually(hidden_tests_running, timeout=30)
+        out = await srv.client.cancel(job_id)
+        assert out["cancelled"] == [job_id]
+        assert_nothing_live(srv)  # gone by the time the cancel call returned
+        res = await finished(srv, job_id)
+        assert res["status"] == "cancelled" and res["reward"] is None
 
 
 @pytest.mark.parametrize(
