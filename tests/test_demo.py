@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+import prorl_async
 from prorl_async.demo import DemoPolicy, generate_tasks, main
 from prorl_async.demo.summary import COLUMNS, summary_rows
 from prorl_async.sandbox.runtime import get_runtime
+from prorl_async.scripted_llm import ScriptedLLM
 from tests.conftest import require
 from tests.proctree import descendants
 from tests.serverutil import eventually
@@ -154,3 +156,24 @@ def test_bad_flags_are_named(
         main(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+async def test_external_backend_flag_uses_the_given_llm(tmp_path: Path) -> None:
+    require(_bwrap_ok(), "bwrap sandboxes unavailable")
+    tasks = generate_tasks(3, seed=4, error_rate=0.0)
+    policy = DemoPolicy({t.key: t.script for t in tasks})
+    tokenizer = Path(prorl_async.__file__).parent / "assets" / "tokenizer"
+    async with ScriptedLLM(policy=policy, tokenizer=tokenizer) as llm:
+        args = ["--jobs", "3", "--seed", "4", "--error-rate", "0", "--api", "sglang"]
+        args += ["--llm", llm.address, "--tokenizer", str(tokenizer), "--output", "x.jsonl"]
+        proc = await _demo(tmp_path, *args)
+        async with asyncio.timeout(90):
+            stdout, stderr = await proc.communicate()
+        served = [entry for entry in llm.log if entry.outcome == "ok"]
+    assert proc.returncode == 0, stderr.decode()
+    assert f"LLM {llm.address} (sglang)" in stdout.decode()
+    docs = [json.loads(line) for line in (tmp_path / "x.jsonl").read_text().splitlines()]
+    assert [d["reward"] for d in docs] == [1.0, 1.0, 1.0]
+    # Every model turn of every result was answered by this backend, on its SGLang route.
+    assert len(served) == sum(d["num_turns"] for d in docs)
+    assert all(not entry.route.endswith("completions") for entry in served)
