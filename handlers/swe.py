@@ -13,7 +13,9 @@ INIT writes the repository into a fresh sandbox and commits it with git. RUN giv
 ``bash``, ``str_replace_editor`` and ``finish``; when the loop ends the change it made is
 captured as ``git add -A && git diff --cached --binary`` (new files included). EVAL starts a
 FRESH sandbox with the original repository, applies that patch (``git apply``, falling back to
-``patch -p1``) and runs the tests once.
+``patch -p1``), resets the test files named by the test ids and every ``conftest.py`` to the
+original (a patch cannot pass by editing the tests) and runs the tests once. A patch that does
+not apply, or is over 2 MiB, scores 0 with the reason in ``eval["patch_error"]``.
 
 How per-test outcomes are read: EVAL runs ``<test_command> <every test id> -rA`` (so
 ``test_command`` must be pytest, or a script passing its arguments on to pytest) and reads
@@ -54,6 +56,8 @@ DEFAULT_SYSTEM = (
 _ARCHIVE = ".git-prorl-repo.tar.gz"
 _PATCH = ".git/prorl.patch"
 _TEST_LOG = ".git/prorl-tests.log"
+_MODEL_PATCH = ".git/prorl-model.patch"
+_MAX_PATCH_BYTES = 2 * 1024 * 1024
 _MAX_REPO_BYTES = 64 * 1024 * 1024
 _OUTPUT_TAIL = 3000
 _PASSING = frozenset({"PASSED", "XFAIL"})
@@ -97,6 +101,10 @@ class SweTask:
     @property
     def test_ids(self) -> list[str]:
         return list(dict.fromkeys(self.instance.fail_to_pass + self.instance.pass_to_pass))
+
+    @property
+    def test_files(self) -> list[str]:
+        return list(dict.fromkeys(t.split("::", 1)[0] for t in self.test_ids))
 
 
 def parse_test_outcomes(output: str, test_ids: list[str]) -> dict[str, str]:
@@ -189,19 +197,45 @@ async def _must(sandbox: Sandbox, command: str, what: str, timeout: float = 120.
     return result.stdout
 
 
-async def checkout(sandbox: Sandbox, task: SweTask) -> None:
-    """Unpack the repository into the workspace and commit it as the base revision."""
+async def checkout(sandbox: Sandbox, task: SweTask) -> str:
+    """Unpack the repository into the workspace, commit it; the base commit's hash."""
     await sandbox.client.upload(_ARCHIVE, task.archive)
     command = (
         f"tar --no-same-owner -xzf {_ARCHIVE} && rm -f {_ARCHIVE} && {_GIT} init -q && "
-        f"{_GIT} add -A && {_GIT} commit -q --allow-empty -m 'original repository'"
+        f"{_GIT} add -A && {_GIT} commit -q --allow-empty -m 'original repository' && "
+        f"{_GIT} rev-parse HEAD"
     )
-    await _must(sandbox, command, "setting up the repository with git")
+    return (await _must(sandbox, command, "setting up the repository with git")).strip()
 
 
-async def capture_patch(sandbox: Sandbox) -> str:
-    """The model's change against the base revision, new files included."""
-    return await _must(sandbox, f"{_GIT} add -A && {_GIT} diff --cached --binary HEAD", "git diff")
+async def capture_patch(sandbox: Sandbox, base: str) -> str:
+    """The model's change against the base commit (new files included, even if it committed).
+
+    Raises ``PatchTooLarge`` beyond ``_MAX_PATCH_BYTES``.
+    """
+    command = f"{_GIT} add -A && {_GIT} diff --cached --binary {base} > {_MODEL_PATCH}"
+    await _must(sandbox, command, "git diff of the model's change")
+    data = await sandbox.client.download(_MODEL_PATCH)
+    if len(data) > _MAX_PATCH_BYTES:
+        raise PatchTooLarge(f"the change is a {len(data)}-byte patch (limit {_MAX_PATCH_BYTES})")
+    return data.decode(errors="replace")
+
+
+class PatchTooLarge(ValueError):
+    """The model's change is too big to carry to EVAL (scored 0, not a failure)."""
+
+
+async def restore_tests(sandbox: Sandbox, task: SweTask) -> None:
+    """Reset the test files named by the test ids and every conftest.py to the original.
+
+    So a patch cannot pass by editing, deleting or adding (conftest.py) tests.
+    """
+    files = " ".join(shlex.quote(p) for p in task.test_files)
+    command = (
+        f"{_GIT} ls-files -z -- {files} '*conftest.py' | xargs -0 -r {_GIT} checkout -q HEAD -- "
+        f"&& {_GIT} ls-files -z --others -- '*conftest.py' | xargs -0 -r rm -f --"
+    )
+    await _must(sandbox, command, "restoring the original test files")
 
 
 async def apply_patch(sandbox: Sandbox, patch: str) -> tuple[bool, str]:
@@ -265,7 +299,7 @@ class SweHandler(AgentHandler):
     async def init(self, job: Job) -> None:
         sandbox = await start_sandbox(job, self._spec(job))
         job.state["sandbox"] = sandbox
-        await checkout(sandbox, job.instance)
+        job.state["base"] = await checkout(sandbox, job.instance)
 
     def prompt(self, task: SweTask, sandbox: Sandbox) -> list[dict[str, Any]]:
         inst = task.instance
@@ -283,27 +317,44 @@ class SweHandler(AgentHandler):
         await run_agent(
             job, messages=self.prompt(task, sandbox), tools=tools, max_turns=task.instance.max_turns
         )
-        job.state["patch"] = await capture_patch(sandbox)
+        try:
+            job.state["patch"] = await capture_patch(sandbox, job.state["base"])
+        except PatchTooLarge as exc:
+            job.state["patch_error"] = str(exc)
 
     async def eval(self, job: Job) -> None:
         runtime = job.services.runtime
         if runtime is None:
             raise RuntimeError("no sandbox runtime is configured on this server")
-        async with await runtime.start(self._spec(job)) as sandbox:
-            job.eval = await self.evaluate(sandbox, job.instance, job.state.get("patch", ""))
+        task: SweTask = job.instance
+        if "patch_error" in job.state:
+            job.eval = _not_run(task, "", job.state["patch_error"])
+        else:
+            async with await runtime.start(self._spec(job)) as sandbox:
+                job.eval = await self.evaluate(sandbox, task, job.state.get("patch", ""))
         job.reward = float(job.eval["reward"])
 
     async def evaluate(self, sandbox: Sandbox, task: SweTask, patch: str) -> dict[str, Any]:
         """EVAL inside a fresh ``sandbox``: check out, apply ``patch``, run the tests, score."""
         await checkout(sandbox, task)
         applied, how = await apply_patch(sandbox, patch)
-        report: dict[str, Any] = {"patch": patch, "patch_applied": applied, "patch_method": how}
         if not applied:
-            outcomes = {t: "NOT_RUN" for t in task.test_ids}
-            report.update(tests=outcomes, reward=0.0)
-            return report
+            return _not_run(task, patch, how)
+        await restore_tests(sandbox, task)
+        report: dict[str, Any] = {"patch": patch, "patch_applied": True, "patch_method": how}
         report.update(await run_tests(sandbox, task))
         report["reward"] = score(task, report["tests"])
         report["fail_to_pass"] = {t: report["tests"][t] for t in task.instance.fail_to_pass}
         report["pass_to_pass"] = {t: report["tests"][t] for t in task.instance.pass_to_pass}
         return report
+
+
+def _not_run(task: SweTask, patch: str, why: str) -> dict[str, Any]:
+    return {
+        "patch": patch,
+        "patch_applied": False,
+        "patch_method": None,
+        "patch_error": why,
+        "tests": {t: "NOT_RUN" for t in task.test_ids},
+        "reward": 0.0,
+    }

@@ -28,7 +28,7 @@ from prorl_async.scripted_llm import ScriptedLLM
 __all__ = ["DemoOptions", "DemoRun", "run_demo"]
 
 _encoder = msgspec.json.Encoder()
-_POLL_WAIT_S = 10.0
+_POLL_WAIT_S = 1.0  # short, so the progress clock ticks on a terminal
 
 
 @dataclass(frozen=True)

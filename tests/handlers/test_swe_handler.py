@@ -49,8 +49,10 @@ def bwrap_ok() -> bool:
 class FixPolicy:
     """TEST DOUBLE model: view the file, run the tests, apply ``edits``, rerun, finish."""
 
-    def __init__(self, edits: list[tuple[str, str]]) -> None:
-        self.edits = edits
+    def __init__(
+        self, edits: list[tuple[str, str]], path: str = "calc/ops.py", bash: str = ""
+    ) -> None:
+        self.edits, self.path, self.bash = edits, path, bash
         self.seen: list[str] = []
 
     def reply(self, conversation: str) -> str:
@@ -60,8 +62,10 @@ class FixPolicy:
         plan = [tool_call("str_replace_editor", {"command": "view", "path": "calc/ops.py"})]
         plan.append(tool_call("bash", {"command": TEST_COMMAND}))
         for old, new in self.edits:
-            args = {"command": "str_replace", "path": "calc/ops.py", "old_str": old}
+            args = {"command": "str_replace", "path": self.path, "old_str": old}
             plan.append(tool_call("str_replace_editor", {**args, "new_str": new}))
+        if self.bash:
+            plan.append(tool_call("bash", {"command": self.bash}))
         plan.append(tool_call("bash", {"command": TEST_COMMAND}))
         plan.append(tool_call("finish", {"answer": "fixed"}))
         return plan[min(step, len(plan) - 1)]
@@ -153,6 +157,31 @@ async def test_bad_fixes_score_zero(
     assert doc["eval"]["patch_method"] == ("empty" if not edits else "git apply")
 
 
+async def test_editing_the_tests_does_not_pay(make_server: ServerFactory) -> None:
+    require(bwrap_ok(), "bwrap sandboxes unavailable")
+    cheat = FixPolicy([("assert add(1, 2) == 3", "assert True")], path="tests/test_ops.py")
+    conftest = "printf 'import pytest\\npytest.skip(allow_module_level=True)\\n' > conftest.py"
+    cheat_more = FixPolicy([], bash=conftest)
+    async with make_server(runtime="bwrap") as srv:
+        docs = [await rollout(srv, policy, instance()) for policy in (cheat, cheat_more)]
+    assert "2 passed" in cheat.seen[3]  # the edited test passes in the model's own sandbox
+    for doc in docs:
+        assert doc["status"] == "done", doc["error"]
+        assert doc["reward"] == 0.0 and doc["eval"]["fail_to_pass"] == {F2P[0]: "FAILED"}
+    assert "+    assert True" in docs[0]["eval"]["patch"]
+    assert "conftest.py" in docs[1]["eval"]["patch"]
+
+
+async def test_a_change_the_model_committed_is_still_captured(make_server: ServerFactory) -> None:
+    require(bwrap_ok(), "bwrap sandboxes unavailable")
+    commit = "git -c user.name=m -c user.email=m@x commit -qam 'my fix' && git log --oneline"
+    async with make_server(runtime="bwrap") as srv:
+        doc = await rollout(srv, FixPolicy(GOOD, bash=commit), instance())
+    assert doc["status"] == "done", doc["error"]
+    assert doc["reward"] == 1.0
+    assert "+    return a + b" in doc["eval"]["patch"]
+
+
 async def test_patch_that_does_not_apply_scores_zero(tmp_path: Any) -> None:
     require(bwrap_ok(), "bwrap sandboxes unavailable")
     handler = SweHandler()
@@ -162,7 +191,25 @@ async def test_patch_that_does_not_apply_scores_zero(tmp_path: Any) -> None:
     async with await runtime.start(SandboxSpec()) as sandbox:
         report = await handler.evaluate(sandbox, task, bogus)
     assert report["reward"] == 0.0 and report["patch_applied"] is False
+    assert "patch does not apply" in report["patch_error"]  # git apply, then patch -p1:
+    assert "Hunk #1 FAILED" in report["patch_error"]
     assert set(report["tests"].values()) == {"NOT_RUN"}
+
+
+async def test_fuzzy_patch_falls_back_to_patch_p1(tmp_path: Any) -> None:
+    require(bwrap_ok(), "bwrap sandboxes unavailable")
+    handler = SweHandler()
+    task = handler.validate(instance())
+    # The trailing context line is wrong: git apply refuses, patch -p1 applies it with fuzz.
+    fuzzy = (
+        "--- a/calc/ops.py\n+++ b/calc/ops.py\n@@ -1,3 +1,3 @@\n def add(a, b):\n"
+        "-    return a - b\n+    return a + b\n not the real context\n"
+    )
+    runtime = get_runtime("bwrap", RuntimeConfig(state_dir=str(tmp_path)))
+    async with await runtime.start(SandboxSpec()) as sandbox:
+        report = await handler.evaluate(sandbox, task, fuzzy)
+    assert report["patch_applied"] and report["patch_method"] == "patch -p1"
+    assert report["reward"] == 1.0
 
 
 class CrashingSwe(SweHandler):
