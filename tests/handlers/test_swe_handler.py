@@ -182,6 +182,17 @@ async def test_a_change_the_model_committed_is_still_captured(make_server: Serve
     assert "+    return a + b" in doc["eval"]["patch"]
 
 
+async def test_an_oversized_change_scores_zero(make_server: ServerFactory) -> None:
+    require(bwrap_ok(), "bwrap sandboxes unavailable")
+    big = "head -c 3000000 /dev/zero | tr '\\0' x | fold -w 100 > big.txt"
+    async with make_server(runtime="bwrap") as srv:
+        doc = await rollout(srv, FixPolicy(GOOD, bash=big), instance())
+        await no_sandboxes(srv)
+    assert doc["status"] == "done", doc["error"]
+    assert doc["reward"] == 0.0 and doc["eval"]["patch_applied"] is False
+    assert "limit 2097152" in doc["eval"]["patch_error"]
+
+
 async def test_patch_that_does_not_apply_scores_zero(tmp_path: Any) -> None:
     require(bwrap_ok(), "bwrap sandboxes unavailable")
     handler = SweHandler()
