@@ -19,7 +19,6 @@ from types import TracebackType
 from typing import Any, Self
 
 import msgspec
-from jupyter_client.manager import AsyncKernelManager
 
 from prorl_async.toolserver._base import ToolError, ToolOutput, parse_args
 from prorl_async.toolserver._procs import kill_tree
@@ -40,6 +39,9 @@ class IpcKernel:
     @classmethod
     async def start(cls, cwd: Path, *, transport: str = "ipc", timeout: float = 60.0) -> IpcKernel:
         """Launch the kernel in ``cwd`` and wait until it answers."""
+        # Imported here: jupyter_client costs ~0.5 s of server start-up otherwise.
+        from jupyter_client.manager import AsyncKernelManager
+
         runtime = Path(tempfile.mkdtemp(prefix="prorl-kernel-"))
         manager = AsyncKernelManager(
             kernel_name="python3",

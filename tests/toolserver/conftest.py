@@ -75,4 +75,3 @@ async def server(workspace: Path) -> AsyncIterator[RunningServer]:
 async def client(server: RunningServer) -> AsyncIterator[ToolClient]:
     async with await server.connect() as connected:
         yield connected
-

@@ -21,7 +21,7 @@ async def test_state_persists_across_commands(client: ToolClient, workspace: Pat
     assert await bash(client, "pwd") == (str(workspace), {
         "exit_code": 0, "cwd": str(workspace), "timed_out": False})  # fmt: skip
     (workspace / "sub").mkdir()
-    await bash(client, "cd sub && export GREETING=hello && greet() { echo \"$GREETING $1\"; }")
+    await bash(client, 'cd sub && export GREETING=hello && greet() { echo "$GREETING $1"; }')
     output, data = await bash(client, "pwd; greet world")
     assert output == f"{workspace / 'sub'}\nhello world"
     assert data["cwd"] == str(workspace / "sub")
@@ -58,9 +58,7 @@ async def test_timeout_of_a_busy_builtin_loop(client: ToolClient) -> None:
 
 async def test_no_output_timeout(client: ToolClient) -> None:
     started = time.monotonic()
-    output, data = await bash(
-        client, "echo tick; sleep 100", timeout=60, no_output_timeout=0.5
-    )
+    output, data = await bash(client, "echo tick; sleep 100", timeout=60, no_output_timeout=0.5)
     assert time.monotonic() - started < 5
     assert output.startswith("tick\n")
     assert "no output for 0.5 s" in output
@@ -95,7 +93,7 @@ async def test_long_multiline_command(client: ToolClient, workspace: Path) -> No
     body = "x" * 10_000
     command = f"cat > big.txt <<'EOF'\n{body}\nEOF\nwc -c < big.txt; echo \"it's\" 'a \"b\"'"
     output, _ = await bash(client, command)
-    assert output == f"{len(body) + 1}\nit's a \"b\""
+    assert output == f'{len(body) + 1}\nit\'s a "b"'
     assert (workspace / "big.txt").read_text() == body + "\n"
 
 

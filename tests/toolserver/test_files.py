@@ -39,7 +39,9 @@ async def test_exec_collects_stdout_stderr_and_exit_code(
     assert (result.exit_code, result.timed_out) == (3, False)
 
 
-async def test_exec_timeout_kills_the_whole_group(client: ToolClient, server: RunningServer) -> None:
+async def test_exec_timeout_kills_the_whole_group(
+    client: ToolClient, server: RunningServer
+) -> None:
     started = time.monotonic()
     result = await client.exec("sleep 100 & sleep 100; echo never", timeout=0.5)
     assert time.monotonic() - started < 5

@@ -53,14 +53,18 @@ async def test_kernel_uses_ipc_and_is_reaped(workspace: Path) -> None:
             # ipykernel always binds one loopback PULL socket of its own for output from
             # forked children (iostream.py, _setup_pipe_in); nothing else may be TCP.
             assert len(_tcp_sockets_of(pid)) <= 1
-            assert all(Path(f"{info['ip']}-{info[p]}").exists() for p in ("shell_port", "iopub_port"))
+            assert all(
+                Path(f"{info['ip']}-{info[p]}").exists() for p in ("shell_port", "iopub_port")
+            )
         assert await server.stop() == 0
     assert not os.path.exists(f"/proc/{pid}")
 
 
 def _tcp_sockets_of(pid: int) -> set[str]:
     fds = Path(f"/proc/{pid}/fd")
-    inodes = {os.readlink(fd)[8:-1] for fd in fds.iterdir() if os.readlink(fd).startswith("socket:")}
+    inodes = {
+        os.readlink(fd)[8:-1] for fd in fds.iterdir() if os.readlink(fd).startswith("socket:")
+    }
     tcp: set[str] = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
