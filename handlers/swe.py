@@ -73,6 +73,8 @@ TestId = Annotated[str, msgspec.Meta(min_length=1, pattern=r"^[^\n\r\0]+$")]
 
 
 class RepoFiles(msgspec.Struct, forbid_unknown_fields=True):
+    """A repository given inline as ``{path: text}``."""
+
     files: dict[str, str]
 
 

@@ -119,7 +119,7 @@ async def _collect(
     timeout_s: float,
 ) -> None:
     started = time.monotonic()
-    bodies = [dict(task.body(), timeout_s=timeout_s) for task in todo]
+    bodies = [task.body(timeout_s) for task in todo]
     pending = await client.submit_batch(bodies) if bodies else []
     bar.update(0)
     try:

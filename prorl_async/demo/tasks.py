@@ -9,7 +9,7 @@ reproducible and ``round(n * error_rate)`` of the tasks score 0.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from prorl_async.demo import code_tasks, math_tasks, swe_tasks
@@ -31,18 +31,16 @@ class DemoTask:
     instance: dict[str, Any]
     script: Script
     wrong: bool
-    timeout_s: float = 120.0
-    metadata: dict[str, Any] = field(default_factory=dict)
 
-    def body(self) -> dict[str, Any]:
-        """The ``/process`` request body."""
+    def body(self, timeout_s: float = 120.0) -> dict[str, Any]:
+        """The ``/process`` request body; ``metadata`` (echoed in the result) names the task."""
         meta = {"demo_key": self.key, "demo_kind": self.kind, "scripted_error": self.wrong}
         return {
             "task": self.task,
             "instance": self.instance,
             "job_id": f"demo-{self.key}",
-            "timeout_s": self.timeout_s,
-            "metadata": {**meta, **self.metadata},
+            "timeout_s": timeout_s,
+            "metadata": meta,
         }
 
 
