@@ -118,12 +118,15 @@ class PtyShell:
         if not self.alive:
             raise ShellDied("the shell has exited")
         data = text.encode()
+        spins = 0
         while data:
             try:
-                written = os.write(self._fd, data)
+                data = data[os.write(self._fd, data) :]
             except BlockingIOError:
-                continue  # the PTY input queue is full only for an instant
-            data = data[written:]
+                # The PTY input queue is full: the foreground program is not reading.
+                spins += 1
+                if spins > 100_000:
+                    raise ShellDied("the terminal's input queue stays full") from None
 
     def submit(self, command: str) -> re.Pattern[str]:
         """Start ``command``; returns the pattern of its completion sentinel."""

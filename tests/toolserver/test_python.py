@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -70,3 +71,25 @@ def _tcp_sockets_of(pid: int) -> set[str]:
         for line in Path(table).read_text().splitlines()[1:]:
             tcp.add(line.split()[9])
     return inodes & tcp
+
+
+async def test_stopping_while_the_kernel_is_busy_leaves_no_process(workspace: Path) -> None:
+    async with run_server(workspace) as server:
+        client = await server.connect()
+        _, data = await python(
+            client, "import subprocess; child = subprocess.Popen(['sleep', '300'])"
+        )
+        pid = int(str(data["kernel_pid"]))
+        child = int((await python(client, "print(child.pid)"))[0])
+        code = "open('busy', 'w').close(); import time; time.sleep(100)"
+        busy = asyncio.ensure_future(client.call("python", {"code": code}))
+        deadline = time.monotonic() + 10
+        while not (workspace / "busy").exists():  # no event says the kernel started the cell
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        started = time.monotonic()
+        assert await server.stop() == 0
+        assert time.monotonic() - started < 10
+        await client.aclose()
+        await asyncio.gather(busy, return_exceptions=True)
+    assert not os.path.exists(f"/proc/{pid}") and not os.path.exists(f"/proc/{child}")
