@@ -87,6 +87,10 @@ class _ExecArgs(msgspec.Struct, forbid_unknown_fields=True):
     output_cap: int = 1_000_000
 
 
+# After the command and its group are gone, output still in the pipes is read for this long.
+_DRAIN_GRACE_S = 2.0
+
+
 class ExecTool:
     """Runs ``bash -c`` one-off commands in their own process group.
 
@@ -124,15 +128,25 @@ class ExecTool:
 
     async def _collect(self, proc: asyncio.subprocess.Process, args: _ExecArgs) -> ToolOutput:
         out, err = CappedText(args.output_cap), CappedText(args.output_cap)
+        readers = [
+            asyncio.create_task(_feed(proc, args.stdin)),
+            asyncio.create_task(_drain(proc.stdout, out)),
+            asyncio.create_task(_drain(proc.stderr, err)),
+        ]
         timed_out = False
         try:
+            # Wait for the command's exit, not for EOF: a background job it started may
+            # hold the pipes (uvloop children also inherit a copy of them).
             async with asyncio.timeout(args.timeout):
-                await asyncio.gather(
-                    _feed(proc, args.stdin), _drain(proc.stdout, out), _drain(proc.stderr, err)
-                )
                 await proc.wait()
         except TimeoutError:
             timed_out = True
+        finally:
+            await _kill_group(proc)  # stray background jobs end with the command
+            _, pending = await asyncio.wait(readers, timeout=_DRAIN_GRACE_S)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
         stdout = out.text(args.output_cap, strip_ansi)
         stderr = err.text(args.output_cap, strip_ansi)
         exit_code = -9 if timed_out else (proc.returncode if proc.returncode is not None else -1)

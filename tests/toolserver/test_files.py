@@ -62,3 +62,15 @@ def _comm(pid: int) -> bytes:
             return f.read()
     except OSError:
         return b""
+
+
+async def test_exec_returns_when_the_command_exits_despite_a_background_job(
+    client: ToolClient, server: RunningServer
+) -> None:
+    # The background job keeps running past the command's exit; exec must not wait for it
+    # (it used to wait for EOF on pipes the job inherited) and must not leave it behind.
+    t0 = time.monotonic()
+    result = await client.exec("echo started; sleep 30 </dev/null >/dev/null 2>&1 &", timeout=20)
+    assert result.exit_code == 0 and result.stdout == "started\n" and not result.timed_out
+    assert time.monotonic() - t0 < 10
+    assert not [pid for pid in descendants(server.proc.pid) if b"sleep" in _comm(pid)]
