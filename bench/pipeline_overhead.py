@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import uvloop
 
@@ -68,16 +70,25 @@ async def batch_end_to_end(client: RolloutClient, n: int, batch: int) -> tuple[f
 
 
 async def closed_loop(
-    client: RolloutClient, n: int, inflight: int, instance: dict[str, float]
+    client: RolloutClient, n: int, inflight: int, instance: dict[str, float], spread: float = 0.0
 ) -> tuple[float, list[float]]:
     """Keep ``inflight`` jobs in flight; replace each finished one at once.
 
     Overhead per job = server-side completion time (submit -> terminal) minus the
     time it actually spent inside its stages (timer slop of the sleeps is not ours).
     """
-    job = {"task": "sleep", "instance": instance}
+    rng = random.Random(0)
+
+    def jobs(k: int) -> list[dict[str, Any]]:
+        # Durations vary by +-spread, as rollouts do (identical ones run in lockstep bursts).
+        return [
+            {"task": "sleep",
+             "instance": {k: v * rng.uniform(1 - spread, 1 + spread) for k, v in instance.items()}}
+            for _ in range(k)
+        ]  # fmt: skip
+
     overheads: list[float] = []
-    pending = set(await client.submit_batch([job] * inflight))
+    pending = set(await client.submit_batch(jobs(inflight)))
     submitted = inflight
     t0 = time.perf_counter()
     while pending:
@@ -87,7 +98,7 @@ async def closed_loop(
             overheads.append(doc["timing"]["total_s"] - doc["timing"]["active_s"])
         refill = min(len(out["done"]), n - submitted)
         if refill:
-            pending.update(await client.submit_batch([job] * refill))
+            pending.update(await client.submit_batch(jobs(refill)))
             submitted += refill
     return n / (time.perf_counter() - t0), overheads
 
@@ -116,7 +127,8 @@ async def run(args: argparse.Namespace) -> list[tuple[str, str]]:
         single_rate, lat = await single_submits(client, 2000, 64)
         batch_rate, e2e_rate = await batch_end_to_end(client, args.jobs, args.batch)
         loop_rate, over0 = await closed_loop(client, args.jobs, args.inflight, {})
-        _, over = await closed_loop(client, args.timed_jobs, args.inflight, timed)
+        _, over = await closed_loop(client, args.timed_jobs, args.inflight, timed, spread=0.5)
+        _, lockstep = await closed_loop(client, args.timed_jobs, args.inflight, timed)
         rss1, records1 = rss_mib(pid), (await client.status())["records"]
         await wait_expired(client, args.retention)
         await batch_end_to_end(client, args.jobs, args.batch)

@@ -80,8 +80,6 @@ class Metrics:
         self.jobs_total = Counter(
             "prorl_jobs", "Jobs that ended, by status", ["status"], registry=self.registry
         )
-        for status in ("done", "failed", "cancelled", "timed_out"):
-            self.jobs_total.labels(status)
         self.stage_seconds = Histogram(
             "prorl_stage_seconds",
             "Active seconds spent in a stage",
@@ -96,8 +94,11 @@ class Metrics:
             buckets=_TOOL_BUCKETS,
             registry=self.registry,
         )
-        for stage in ("init", "run", "eval"):
-            self.stage_seconds.labels(stage)
+        # Label children resolved once: .labels() takes a lock and a dict walk per call.
+        self._stage_children = {s: self.stage_seconds.labels(s) for s in ("init", "run", "eval")}
+        self._status_children = {
+            s: self.jobs_total.labels(s) for s in ("done", "failed", "cancelled", "timed_out")
+        }
         for tool in ("bash", "python", "str_replace_editor"):
             self.tool_seconds.labels(tool)
         self.clamped_logprobs = Counter(
@@ -108,10 +109,10 @@ class Metrics:
         self.registry.register(_LiveCollector(state))
 
     def stage_finished(self, stage: str, seconds: float) -> None:
-        self.stage_seconds.labels(stage).observe(seconds)
+        self._stage_children[stage].observe(seconds)
 
     def job_finished(self, status: str) -> None:
-        self.jobs_total.labels(status).inc()
+        self._status_children[status].inc()
 
     def tool_called(self, tool: str, seconds: float) -> None:
         self.tool_seconds.labels(tool).observe(seconds)

@@ -168,14 +168,18 @@ class Pipeline:
         task = asyncio.create_task(self._execute(job, stage), name=f"{stage}:{job.id}")
         job.stage_task = task
         try:
-            await asyncio.wait((task,))
+            await task
         except asyncio.CancelledError:
-            # The worker itself is being shut down: the job goes with it.
-            job.cancel_requested = True
-            task.cancel()
-            await asyncio.wait((task,))
-            self._finish(job, "cancelled")
-            raise
+            worker = asyncio.current_task()
+            if worker is None or not worker.cancelling():
+                pass  # the stage task was cancelled (cancel/stop): _advance reports it
+            else:
+                # The worker itself is being shut down: the job goes with it.
+                job.cancel_requested = True
+                task.cancel()
+                await asyncio.wait((task,))
+                self._finish(job, "cancelled")
+                raise
         finally:
             self.active[stage] -= 1
             job.stage_task = None
