@@ -223,3 +223,33 @@ def test_config_errors_name_the_field(
 def test_default_state_dir_is_per_user_cache(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", "/x/cache")
     assert load_config(env={}).state_dir == "/x/cache/prorl-async"
+
+
+async def test_sigterm_with_live_sandboxes_leaves_nothing(tmp_path: Path) -> None:
+    from prorl_async.sandbox import bwrap_problem
+    from tests.conftest import require
+
+    problem = bwrap_problem()
+    require(problem is None, f"bubblewrap cannot create sandboxes here: {problem}")
+    async with server_process(tmp_path, {}, "--runtime", "bwrap") as (proc, url):
+        async with RolloutClient(url) as client:
+            # No LLM backend is registered: each job starts its sandbox in INIT, then
+            # waits in RUN for a backend while holding it.
+            jobs = [{"task": "sandbox", "instance": {"prompt": f"p{i}"}} for i in range(8)]
+            await client.submit_batch(jobs)
+            async with asyncio.timeout(60):
+                status = await client.status()
+                while status["sandboxes"] < 8 or status["backend_waiting"] < 8:
+                    status = await client.status()
+            children = descendants(proc.pid)
+            assert len(children) >= 8 * 2  # bwrap + tool server per sandbox at least
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stderr is not None
+        async with asyncio.timeout(60):
+            rest = (await proc.stderr.read()).decode()
+            code = await proc.wait()
+        assert code == 0, rest
+        assert "Traceback" not in rest
+        assert [p for p in children if _not_zombie(p)] == []
+        records = tmp_path / "state" / "sandboxes"
+        assert not records.exists() or not any(records.iterdir())
