@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -65,3 +68,37 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float
             if result:
                 return
             await asyncio.sleep(0.005)
+
+
+@asynccontextmanager
+async def server_process(
+    tmp_path: Path, extra_env: dict[str, str], *args: str
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    env = {**os.environ, **extra_env}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "prorl_async.cli",
+        "serve",
+        "--port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        *args,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert proc.stderr is not None
+        async with asyncio.timeout(30):
+            while True:
+                line = (await proc.stderr.readline()).decode()
+                assert line, "server exited before listening"
+                found = re.search(r"listening on (http://\S+)", line)
+                if found:
+                    break
+        yield proc, found.group(1)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ import pytest
 from prorl_async.client import RolloutClient
 from prorl_async.config import ConfigError, load_config
 from tests.proctree import descendants
+from tests.serverutil import server_process
 
 PLUGIN = '''
 import asyncio
@@ -92,40 +90,6 @@ def plugin_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
         timeout=120,
     )
     return site
-
-
-@asynccontextmanager
-async def server_process(
-    tmp_path: Path, extra_env: dict[str, str], *args: str
-) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    env = {**os.environ, **extra_env}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "prorl_async.cli",
-        "serve",
-        "--port",
-        "0",
-        "--state-dir",
-        str(tmp_path / "state"),
-        *args,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    try:
-        assert proc.stderr is not None
-        async with asyncio.timeout(30):
-            while True:
-                line = (await proc.stderr.readline()).decode()
-                assert line, "server exited before listening"
-                found = re.search(r"listening on (http://\S+)", line)
-                if found:
-                    break
-        yield proc, found.group(1)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
 
 
 async def test_entry_point_plugin_and_sigterm_with_200_jobs(
