@@ -52,22 +52,16 @@ class SandboxTaskHandler(AgentHandler):
                 f"instance.tools: unknown {unknown}; choose from {sorted(MODEL_TOOLS)}"
             )
         try:
-            self.spec(inst).validate()
+            SandboxSpec(files=inst.files, network=inst.network).validate()
         except SpecError as exc:
             raise InstanceError(f"instance.{exc}") from None
         return inst
 
-    @staticmethod
-    def spec(inst: SandboxInstance) -> SandboxSpec:
-        return SandboxSpec(files=inst.files, network=inst.network)
-
-    def _limits_spec(self, job: Job, inst: SandboxInstance) -> SandboxSpec:
-        return SandboxSpec(
-            files=inst.files, network=inst.network, limits=job.services.config.sandbox_limits
-        )
-
     async def init(self, job: Job) -> None:
-        job.state["sandbox"] = await start_sandbox(job, self._limits_spec(job, job.instance))
+        inst: SandboxInstance = job.instance
+        limits = job.services.config.sandbox_limits
+        spec = SandboxSpec(files=inst.files, network=inst.network, limits=limits)
+        job.state["sandbox"] = await start_sandbox(job, spec)
 
     async def run(self, job: Job) -> None:
         inst: SandboxInstance = job.instance

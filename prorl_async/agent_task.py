@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from prorl_async.agent_loop import FINISH_TOOL_SPEC, Trajectory, run_agent_loop
+from prorl_async.agent_loop import FINISH_TOOL_SPEC, ToolBox, Trajectory, run_agent_loop
 from prorl_async.sandbox import Sandbox, SandboxSpec
 from prorl_async.toolcalls import ToolCallError
 from prorl_async.toolclient import ToolServerError
@@ -112,7 +112,7 @@ async def run_agent(
     job: Job,
     *,
     messages: list[dict[str, Any]],
-    tools: Any,
+    tools: ToolBox,
     max_turns: int | None = None,
 ) -> Trajectory:
     """Run the token-in/token-out loop on one backend lease; the trajectory lands on the job.

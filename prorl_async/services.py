@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prorl_async.config import ServerConfig
+
+if TYPE_CHECKING:
+    from prorl_async.backends import BackendPool
+    from prorl_async.metrics import Metrics
+    from prorl_async.sandbox import Runtime
+    from prorl_async.tokenizer import ChatTokenizer
 
 __all__ = ["Services"]
 
 
 class Services:
-    """Shared resources set up once per server (see ``app.py``'s cleanup context).
+    """Shared resources set up once per server (see ``setup.open_services``).
 
     ``pool`` is the LLM backend pool, ``runtime`` the sandbox runtime and
     ``tokenizer`` the chat tokenizer; each is ``None`` until the server sets it up.
@@ -18,7 +24,7 @@ class Services:
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.pool: Any = None
-        self.runtime: Any = None
-        self.tokenizer: Any = None
-        self.metrics: Any = None
+        self.pool: BackendPool | None = None
+        self.runtime: Runtime | None = None
+        self.tokenizer: ChatTokenizer | None = None
+        self.metrics: Metrics | None = None
