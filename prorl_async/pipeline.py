@@ -131,8 +131,8 @@ class Pipeline:
         if task is not None:
             task.cancel()
             await asyncio.wait((task,))
-        else:
-            await self._release(job)
+        # Also covers a stage that had just succeeded (INIT keeps what it holds).
+        await self._release(job)
         self._finish(job, "cancelled")
 
     # -- workers ---------------------------------------------------------------------------
