@@ -82,7 +82,9 @@ def _service(request: web.Request) -> RolloutService:
 async def process(request: web.Request) -> web.Response:
     req = await _decode(request, ProcessRequest)
     job_id, status, created = _service(request).submit(req)
-    return _json(SubmitResponse(job_id=job_id, status=status), 202 if created else 200)
+    if created:  # API.md: a new job answers {"status": "queued"}
+        return _json(SubmitResponse(job_id=job_id, status="queued"), 202)
+    return _json(SubmitResponse(job_id=job_id, status=status), 200)
 
 
 @routes.post("/process/batch")

@@ -263,3 +263,19 @@ async def test_cancel_racing_completion_is_consistent(
         by_id = {d["job_id"]: d["status"] for d in polled["done"]}
         assert all(by_id[i] == "cancelled" for i in out["cancelled"])
         await asyncio.sleep(0)
+
+
+async def test_submit_wire_statuses(make_server: ServerFactory, gate: GateHandler) -> None:
+    import aiohttp
+
+    async with make_server() as srv, aiohttp.ClientSession() as s:
+        body = {"task": "gate", "instance": {"block": ["run"]}, "job_id": "w1"}
+        async with s.post(f"{srv.url}/process", json=body) as r:
+            assert r.status == 202 and await r.json() == {"job_id": "w1", "status": "queued"}
+        await gate.event("w1", "run").wait()
+        async with s.post(f"{srv.url}/process", json=body) as r:
+            assert r.status == 200 and await r.json() == {"job_id": "w1", "status": "run"}
+        gate.release("w1")
+        assert (await srv.client.result("w1", wait=10) or {})["status"] == "done"
+        async with s.post(f"{srv.url}/process", json=body) as r:
+            assert r.status == 200 and (await r.json())["status"] == "done"
