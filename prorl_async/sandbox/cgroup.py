@@ -13,7 +13,7 @@ import logging
 import uuid
 from pathlib import Path
 
-from prorl_async.sandbox._procs import kill_all, wait_exited
+from prorl_async._procs import kill_all, wait_exited
 
 __all__ = ["PidsCgroup", "find_pids_parent"]
 

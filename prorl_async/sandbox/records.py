@@ -18,7 +18,7 @@ from pathlib import Path
 
 import msgspec
 
-from prorl_async.sandbox._procs import descendants, kill_all, start_time
+from prorl_async._procs import descendants, kill_all, start_time
 
 __all__ = ["SandboxRecord", "SandboxRecords"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from prorl_async.sandbox._procs import descendants, kill_all, start_time, wait_exited
+from prorl_async._procs import descendants, kill_all, start_time, wait_exited
 from prorl_async.sandbox.cgroup import PidsCgroup
 from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.limits import SandboxLimits

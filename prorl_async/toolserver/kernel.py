@@ -20,8 +20,8 @@ from typing import Any, Self
 
 import msgspec
 
+from prorl_async._procs import kill_tree
 from prorl_async.toolserver._base import ToolError, ToolOutput, parse_args
-from prorl_async.toolserver._procs import kill_tree
 from prorl_async.toolserver._text import CappedText, strip_ansi
 
 __all__ = ["IpcKernel", "PythonTool"]

@@ -22,7 +22,7 @@ from typing import Self
 
 from ptyprocess import PtyProcess
 
-from prorl_async.toolserver._procs import kill_tree
+from prorl_async._procs import kill_tree
 from prorl_async.toolserver._text import CappedText
 
 __all__ = ["PtyShell", "ShellDied", "Sentinel"]

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from prorl_async._procs import descendants
 from prorl_async.sandbox import (
     BwrapRuntime,
     RuntimeConfig,
@@ -16,7 +17,6 @@ from prorl_async.sandbox import (
     SandboxStartError,
     SpecError,
 )
-from prorl_async.sandbox._procs import descendants
 from prorl_async.toolclient import ToolServerError
 from tests.sandbox.conftest import snapshot, still_running
 

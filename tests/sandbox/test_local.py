@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from prorl_async._procs import descendants, kill_all, wait_exited
 from prorl_async.sandbox import (
     BwrapRuntime,
     LocalRuntime,
@@ -13,7 +14,6 @@ from prorl_async.sandbox import (
     bwrap_problem,
     get_runtime,
 )
-from prorl_async.sandbox._procs import descendants, kill_all, wait_exited
 from tests.sandbox.conftest import snapshot, still_running
 
 # Starts `sleep` in a new session with no inherited fds, records its pid and exits at once.

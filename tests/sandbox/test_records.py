@@ -6,8 +6,8 @@ import asyncio
 import sys
 from pathlib import Path
 
+from prorl_async._procs import start_time, wait_exited
 from prorl_async.sandbox import SandboxRecords
-from prorl_async.sandbox._procs import start_time, wait_exited
 
 # A "server" that starts a sandbox-like process in its own session, records it, and crashes.
 _CRASHING_SERVER = """

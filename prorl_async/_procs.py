@@ -1,4 +1,8 @@
-"""Process helpers: /proc parsing, pid-reuse-safe signalling and waiting on exits via pidfds."""
+"""Process helpers shared by the sandbox runtimes and the tool server.
+
+/proc parsing, tree and session walks, pid-reuse-safe signalling and waiting on
+exits via pidfds.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,14 @@ import os
 import signal
 from collections.abc import Iterable
 
-__all__ = ["descendants", "kill_all", "start_time", "wait_exited"]
+__all__ = [
+    "descendants",
+    "kill_all",
+    "kill_tree",
+    "session_and_descendants",
+    "start_time",
+    "wait_exited",
+]
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -29,27 +40,52 @@ def start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
+def _process_table() -> list[tuple[int, int, int]]:
+    """(pid, ppid, session id) of every live, non-zombie process."""
+    table = []
     for name in os.listdir("/proc"):
         if name.isdigit():
             fields = _stat_fields(int(name))
             if fields is not None and fields[0] != "Z":
-                kids.setdefault(int(fields[1]), []).append(int(name))
-    return kids
+                table.append((int(name), int(fields[1]), int(fields[3])))
+    return table
+
+
+def _walk(root: int, table: list[tuple[int, int, int]], found: set[int]) -> set[int]:
+    kids: dict[int, list[int]] = {}
+    for pid, ppid, _ in table:
+        kids.setdefault(ppid, []).append(pid)
+    stack = [root]
+    while stack:
+        for child in kids.get(stack.pop(), ()):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
 
 
 def descendants(pid: int) -> set[int]:
     """Live descendants of ``pid`` (a snapshot; callers re-check after killing)."""
-    kids = _children_map()
-    out: set[int] = set()
-    stack = [pid]
-    while stack:
-        for child in kids.get(stack.pop(), ()):
-            if child not in out:
-                out.add(child)
-                stack.append(child)
-    return out
+    return _walk(pid, _process_table(), set())
+
+
+def session_and_descendants(root: int) -> set[int]:
+    """Live processes in ``root``'s session plus ``root``'s descendants (``root`` excluded).
+
+    Orphans reparented away from ``root`` still share its session, so a session
+    scan finds background jobs that a plain tree walk would miss.
+    """
+    table = _process_table()
+    found = _walk(root, table, {pid for pid, _, sid in table if sid == root})
+    found.discard(root)
+    return found
+
+
+def kill_tree(root: int) -> None:
+    """SIGKILL ``root``, its descendants and its session members (found before and after)."""
+    before = session_and_descendants(root)
+    kill_all([root])  # first, so it forks nothing new while we sweep
+    kill_all(before | session_and_descendants(root))
 
 
 def _pidfd(pid: int) -> int | None:
