@@ -14,11 +14,11 @@ import base64
 import itertools
 import time
 from collections.abc import Callable
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import msgspec
 
+from prorl_async._resource import AsyncResource
 from prorl_async.toolserver.protocol import (
     FrameError,
     Request,
@@ -61,7 +61,7 @@ class ExecResult(msgspec.Struct, frozen=True):
     timed_out: bool
 
 
-class ToolClient:
+class ToolClient(AsyncResource):
     """A connection to one tool server. Use ``async with await ToolClient.connect(...)``."""
 
     def __init__(
@@ -108,17 +108,6 @@ class ToolClient:
             lambda: asyncio.open_connection(host, port), f"{host}:{port}", timeout
         )
         return cls(reader, writer, on_call=on_call)
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @property
     def closed(self) -> bool:

@@ -19,10 +19,10 @@ import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from prorl_async._procs import descendants, kill_all, start_time, wait_exited
+from prorl_async._resource import AsyncResource
 from prorl_async.sandbox.cgroup import PidsCgroup
 from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.limits import SandboxLimits
@@ -36,7 +36,7 @@ __all__ = ["Sandbox"]
 log = logging.getLogger(__name__)
 
 
-class Sandbox:
+class Sandbox(AsyncResource):
     """One live sandbox. Use as ``async with await runtime.start(spec) as sb:``."""
 
     def __init__(
@@ -155,17 +155,6 @@ class Sandbox:
         return await self._proc.wait()
 
     # -- teardown -----------------------------------------------------------
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
         """Stop everything in the sandbox and release its resources; safe to call twice."""
         if self._closing:

@@ -15,19 +15,19 @@ import queue
 import shutil
 import tempfile
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import msgspec
 
 from prorl_async._procs import kill_tree
+from prorl_async._resource import AsyncResource
 from prorl_async.toolserver._base import ToolError, ToolOutput, parse_args
 from prorl_async.toolserver._text import CappedText, strip_ansi
 
 __all__ = ["IpcKernel", "PythonTool"]
 
 
-class IpcKernel:
+class IpcKernel(AsyncResource):
     """One IPython kernel process and its client; ``transport`` is ``ipc`` unless benchmarking."""
 
     def __init__(self, manager: Any, client: Any, runtime: Path) -> None:
@@ -60,17 +60,6 @@ class IpcKernel:
             await kernel.aclose()
             raise
         return kernel
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @property
     def pid(self) -> int | None:

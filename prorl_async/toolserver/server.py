@@ -16,9 +16,9 @@ import os
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
+from prorl_async._resource import AsyncResource
 from prorl_async.toolserver._base import ToolError, ToolOutput
 from prorl_async.toolserver.bash import BashTool
 from prorl_async.toolserver.editor import EditorTool
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 Handler = Callable[[dict[str, Any]], Awaitable[ToolOutput]]
 
 
-class ToolServer:
+class ToolServer(AsyncResource):
     """Owns the tools and serves them; use as an async context manager around :meth:`serve`."""
 
     def __init__(self, *, workspace: Path, output_cap: int = 16_000) -> None:
@@ -64,17 +64,6 @@ class ToolServer:
         self._shutdown_requested = False
         self._stop = asyncio.Event()
         self._closed = False
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @property
     def tools(self) -> list[str]:

@@ -17,12 +17,11 @@ import secrets
 import shutil
 import tempfile
 from pathlib import Path
-from types import TracebackType
-from typing import Self
 
 from ptyprocess import PtyProcess
 
 from prorl_async._procs import kill_tree
+from prorl_async._resource import AsyncResource
 from prorl_async.toolserver._text import CappedText
 
 __all__ = ["PtyShell", "ShellDied", "Sentinel"]
@@ -78,7 +77,7 @@ def _sentinel_pattern(nonce: str) -> SentinelPattern:
     return SentinelPattern(nonce)
 
 
-class PtyShell:
+class PtyShell(AsyncResource):
     """One ``bash --norc --noprofile`` on its own PTY. Start with :meth:`start`."""
 
     def __init__(self, proc: PtyProcess, scratch: Path, output_limit: int) -> None:
@@ -115,17 +114,6 @@ class PtyShell:
             await shell.aclose()
             raise
         return shell
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @property
     def pid(self) -> int:
