@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -47,6 +47,3 @@ class SleepHandler(AgentHandler):
     async def eval(self, job: Job) -> None:
         await self._stage(job, "eval", job.instance.eval_s)
         job.reward = job.instance.reward
-
-    def final_result(self, job: Job) -> dict[str, Any]:
-        return {}

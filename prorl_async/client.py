@@ -231,6 +231,3 @@ def _error(status: int, raw: bytes, retry_after: str | None) -> RolloutError:
         detail = raw.decode(errors="replace")[:500]
     after = float(retry_after) if retry_after and retry_after.isdigit() else None
     return _ERRORS.get(status, RolloutError)(status, detail, after)
-
-
-job_body = _job

@@ -12,11 +12,12 @@ from aiohttp.typedefs import Handler, Middleware
 from prorl_async.errors import ProblemError, Unauthorized
 from prorl_async.schemas import Problem
 
-__all__ = ["auth_middleware", "error_middleware", "problem_response"]
+__all__ = ["MAX_BODY", "error_middleware", "make_auth_middleware", "problem_response"]
 
 log = logging.getLogger(__name__)
 
 _encoder = msgspec.json.Encoder()
+MAX_BODY = web.AppKey("max_body_bytes", int)
 _OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 PROBLEM_TYPE = "about:blank"
 
@@ -65,8 +66,3 @@ def make_auth_middleware(token: str | None) -> Middleware:
         return response
 
     return auth_middleware
-
-
-auth_middleware = make_auth_middleware
-
-MAX_BODY = web.AppKey("max_body_bytes", int)

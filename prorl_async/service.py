@@ -218,24 +218,33 @@ class RolloutService:
         runtime = self.services.runtime
         return 0 if runtime is None else int(runtime.live)
 
+    def _queue_depths(self) -> dict[str, int]:
+        return {s.value: n for s, n in self.pipeline.queued.items()}
+
+    def _active_counts(self) -> dict[str, int]:
+        return {s.value: n for s, n in self.pipeline.active.items()}
+
+    def _poll_waiters(self) -> int:
+        return self.poll_waiters
+
     def _live_state(self) -> LiveState:
-        p = self
+        # Read at scrape time; the pipeline and store are created after the metrics.
         return LiveState(
-            queues=lambda: {s.value: n for s, n in p.pipeline.queued.items()},
-            active=lambda: {s.value: n for s, n in p.pipeline.active.items()},
-            poll_waiters=lambda: p.poll_waiters,
+            queues=self._queue_depths,
+            active=self._active_counts,
+            poll_waiters=self._poll_waiters,
             sandboxes=self._sandboxes,
             backends=self._backends,
             backend_waiting=self._backend_waiting,
-            unfinished=p.store.unfinished_count,
+            unfinished=lambda: self.store.unfinished_count(),
         )
 
     def status(self) -> StatusResponse:
         pipe = self.pipeline
         return StatusResponse(
             state="running" if pipe.accepting else "stopped",
-            queues={s.value: n for s, n in pipe.queued.items()},
-            active={s.value: n for s, n in pipe.active.items()},
+            queues=self._queue_depths(),
+            active=self._active_counts(),
             workers={s.value: n for s, n in pipe.workers.items()},
             jobs=self.store.counts(),
             sandboxes=self._sandboxes(),
