@@ -60,6 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("scripted-llm", "run the scripted LLM test double (vLLM/SGLang protocol)"),
         ("build-image", "build an Apptainer .sif from a template in sif_templates/"),
         ("demo", "run the demo: server + scripted LLM + a task mix, print a summary"),
+        ("collect", "fill GRPO batches from rollout servers (trainer-side smoke test)"),
     ):
         sub.add_parser(name, help=text, add_help=False)
     args, rest = parser.parse_known_args(argv)
@@ -77,6 +78,7 @@ def _delegate(command: str, rest: list[str]) -> int:
         "scripted-llm": "prorl_async.scripted_llm",
         "build-image": "prorl_async.images",
         "demo": "prorl_async.demo",
+        "collect": "prorl_async.trainer.collect",
     }[command]
     run = importlib.import_module(module).main
     return int(run(rest) or 0)
