@@ -67,6 +67,8 @@ class Engine:
         self.index = 0
         self.exhausted = False
         self.accepted = 0
+        # False between batches with on_batch_full="cancel": servers idle while the trainer trains
+        self.hungry = True
         self.error: BaseException | None = None
         self.wake = asyncio.Event()
         self.progress = asyncio.Event()
@@ -88,7 +90,7 @@ class Engine:
 
     def _wants_group(self) -> bool:
         need = self.cfg.batch_groups - len(self.ready)
-        if need <= 0:
+        if need <= 0 or not self.hungry:
             return False
         live = len(self.reg.groups)
         rate = (self.metrics.kept + 1) / (self.metrics.kept + self.metrics.filtered + 1)
@@ -151,6 +153,7 @@ class Engine:
         for sample in samples:
             sample.submitted_at = now
         self.metrics.submitted += len(samples)
+        server.dirty.set()
 
     def _submit_failed(
         self, server: ServerState, samples: list[Sample], exc: BaseException, kind: str
@@ -255,6 +258,7 @@ class Engine:
         """The server does not know a job we submitted there (restarted, expired)."""
         sample = server.inflight.pop(job_id, None)
         if sample is not None and self.reg.by_job.get(job_id) is sample:
+            server.orphans.add(job_id)
             self.retry(sample, server.url, "lost", None)
 
     def judge(self, state: GroupState) -> None:

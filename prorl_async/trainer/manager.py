@@ -212,6 +212,7 @@ class RolloutManager:
         """Exactly ``batch_groups`` groups that passed the filter and are fresh enough."""
         engine = self._require()
         start = time.monotonic()
+        engine.hungry = True
         while (batch := engine.take_batch()) is None:
             self._raise_if_stuck(engine)
             engine.progress.clear()
@@ -219,6 +220,7 @@ class RolloutManager:
             await self._wait_progress(engine, start)
             self._draw()
         if self.on_batch_full == "cancel":
+            engine.hungry = False
             await self._cancel_unfinished(engine)
         engine.metrics.batch_fill_s.append(time.monotonic() - start)
         self._progress.done()
@@ -247,8 +249,10 @@ class RolloutManager:
         out["servers"] = {
             s.url: s.stats.to_dict(len(s.inflight), s.quarantined) for s in engine.pool
         }
+        out["prompts_taken"] = engine.index
         out["inflight_groups"] = len(engine.reg.groups)
         out["ready_groups"] = len(engine.ready)
+        out["resubmit_groups"] = len(engine.resubmit)
         out["current_version"] = self._staleness.current
         return out
 

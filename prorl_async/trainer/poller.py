@@ -35,9 +35,11 @@ async def poll_loop(server: ServerState, handlers: PollHandlers, backoff: Backof
             await _probe(server, backoff)
             await handlers.on_recovered(server)
             continue
-        if not server.inflight and not server.orphans:
+        if not server.submitted():
+            await _cancel_orphans(server)
             server.dirty.clear()
-            await server.dirty.wait()
+            if not server.submitted():
+                await server.dirty.wait()
             continue
         try:
             out = await _poll_once(server)
@@ -63,9 +65,7 @@ def _deliver(server: ServerState, out: dict[str, Any], handlers: PollHandlers) -
 async def _poll_once(server: ServerState) -> dict[str, Any] | None:
     """One long poll, abandoned (``None``) as soon as a new job lands on the server."""
     server.dirty.clear()
-    ids = list(server.inflight)
-    if not ids:
-        return None
+    ids = server.submitted()
     poll = asyncio.ensure_future(server.client.poll(ids, wait=POLL_WAIT_S))
     dirty = asyncio.ensure_future(server.dirty.wait())
     try:

@@ -39,7 +39,10 @@ class ServerState:
     def add(self, sample: Sample) -> None:
         self.inflight[sample.job_id] = sample
         sample.server = self.url
-        self.dirty.set()
+
+    def submitted(self) -> list[str]:
+        """Jobs the server has acknowledged (a poll for one still being sent says unknown)."""
+        return [job_id for job_id, s in self.inflight.items() if s.submitted_at]
 
     def transport_failed(self) -> bool:
         """Count a failure; ``True`` when this one quarantines the server."""

@@ -1,0 +1,208 @@
+"""RolloutManager against real rollout servers (subprocesses) and a scripted LLM test double."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from handlers.planted import PlantedInstance, planted_reward
+from prorl_async.client import RolloutClient
+from prorl_async.trainer import Group, PromptsExhausted, RolloutManager, RolloutStalled
+from tests.serverutil import eventually
+from tests.trainer.checks import check_accounting, check_group
+from tests.trainer.flaky import flaky_proxy
+from tests.trainer.harness import mixed_prompts, planted, rig
+
+N, B = 4, 4
+
+
+def collect_samples(batch: list[Group], seen: set[tuple[str, int]], jobs: set[str]) -> None:
+    assert len(batch) == B
+    for group in batch:
+        for sample in check_group(group, N):
+            assert sample not in seen, f"sample {sample} returned twice"
+            seen.add(sample)
+        for result in group.results:
+            assert result["job_id"] not in jobs
+            jobs.add(result["job_id"])
+
+
+async def test_ten_batches_with_carry_and_mid_batch_weight_swaps(tmp_path: Path) -> None:
+    prompts = mixed_prompts(400, run_s=0.02, sigma=1.0)
+    async with rig(tmp_path) as r, RolloutManager(
+        servers=r.urls, prompts=prompts, group_size=N, batch_groups=B, max_version_lag=1,
+        progress=False,
+    ) as m:  # fmt: skip
+        await m.set_weights(version=0, backends=[r.llm.address])
+        seen: set[tuple[str, int]] = set()
+        jobs: set[str] = set()
+        version = 0
+        for i in range(10):
+            pending = asyncio.ensure_future(m.next_batch())
+            if i % 2:  # swap the weights while the batch is being filled
+                floor = m.metrics()["samples"]["results"] + 2
+                await eventually(lambda f=floor: m.metrics()["samples"]["results"] > f)
+                version += 1
+                await m.set_weights(version=version, backends=[r.llm.address])
+            batch = await pending
+            collect_samples(batch, seen, jobs)
+            for group in batch:
+                assert group.min_weight_version is not None
+                assert version - group.min_weight_version <= 1
+            version += 1
+            await m.set_weights(version=version, backends=[r.llm.address])
+        metrics = m.metrics()
+        check_accounting(metrics)
+    assert metrics["groups"]["returned"] == 10 * B
+    assert metrics["groups"]["filtered"] > 0
+    assert set(metrics["version_lag"]) <= {0, 1}
+    assert len(metrics["batch_fill_s"]) == 10
+
+
+async def test_lag_zero_never_returns_an_old_group(tmp_path: Path) -> None:
+    prompts = [planted("random", seed=i, run_s=0.05, sigma=1.0) for i in range(300)]
+    async with rig(tmp_path) as r, RolloutManager(
+        servers=r.urls, prompts=prompts, group_size=N, batch_groups=B, max_version_lag=0,
+        progress=False,
+    ) as m:  # fmt: skip
+        await m.set_weights(version=0, backends=[r.llm.address])
+        engine = m._engine
+        assert engine is not None
+        for version in range(1, 4):
+            pending = asyncio.ensure_future(m.next_batch())
+            # bump while some group has a finished sample and an unfinished one
+            await eventually(
+                lambda: any(
+                    any(x is not None for x in g.results) and not g.complete
+                    for g in engine.reg.groups.values()
+                )
+            )
+            await m.set_weights(version=version, backends=[r.llm.address])
+            batch = await pending
+            for group in batch:
+                assert group.min_weight_version == version
+        metrics = m.metrics()
+        check_accounting(metrics)
+    assert metrics["groups"]["stale"] >= 1
+    assert metrics["wasted_tokens"]["stale"] > 0
+
+
+async def test_cancel_leaves_no_job_running(tmp_path: Path) -> None:
+    prompts = mixed_prompts(200, run_s=0.1, sigma=1.2)
+    async with rig(tmp_path) as r:
+        async with RolloutManager(
+            servers=r.urls, prompts=prompts, group_size=N, batch_groups=B,
+            on_batch_full="cancel", progress=False,
+        ) as m:  # fmt: skip
+            await m.set_weights(version=0, backends=[r.llm.address])
+            for _ in range(2):
+                batch = await m.next_batch()
+                assert len(batch) == B
+                for url in r.urls:
+                    async with RolloutClient(url) as c:
+                        status = await c.status()
+                    busy = sum(status["queues"].values()) + sum(status["active"].values())
+                    assert busy == 0, (url, status)
+            metrics = m.metrics()
+            check_accounting(metrics)
+    assert metrics["groups"]["cancelled"] > 0
+    assert metrics["wasted_seconds"]["cancelled"] > 0
+
+
+async def test_server_killed_mid_batch(tmp_path: Path) -> None:
+    prompts = mixed_prompts(300, run_s=0.1, sigma=0.5)
+    async with rig(tmp_path) as r, RolloutManager(
+        servers=r.urls, prompts=prompts, group_size=N, batch_groups=2 * B, progress=False,
+    ) as m:  # fmt: skip
+        await m.set_weights(version=0, backends=[r.llm.address])
+        pending = asyncio.ensure_future(m.next_batch())
+        victim = r.urls[0]
+        assert m._engine is not None
+        server = m._engine.pool.servers[victim]
+        await eventually(lambda: len(server.submitted()) > 0)
+        r.procs[0].kill()
+        seen: set[tuple[str, int]] = set()
+        batch = await pending
+        for group in batch:
+            for sample in check_group(group, N):
+                assert sample not in seen
+                seen.add(sample)
+        metrics = m.metrics()
+        check_accounting(metrics)
+    assert metrics["servers"][victim]["quarantined"]
+    assert metrics["retries"].get("quarantine", 0) > 0
+
+
+async def test_infrastructure_failures_are_retried_never_scored(tmp_path: Path) -> None:
+    # every prompt is planted right: any sample scored for a failure would show reward != 1
+    prompts = [planted("right", seed=i, run_s=0.01, init_fail_rate=0.05) for i in range(60)]
+    async with rig(tmp_path) as r:
+        async with (
+            flaky_proxy(r.urls[0], error_rate=0.05, drop_rate=0.05, seed=1) as p0,
+            flaky_proxy(r.urls[1], error_rate=0.05, drop_rate=0.05, seed=2) as p1,
+            RolloutManager(
+                servers=[p0.url, p1.url], prompts=prompts, group_size=N, batch_groups=B,
+                group_filter=None, max_version_lag=None, progress=False,
+            ) as m,
+        ):  # fmt: skip
+            await m.set_weights(version=0, backends=[r.llm.address])
+            for _ in range(5):
+                for group in await m.next_batch():
+                    assert len(group.results) == N
+                    assert group.rewards == [1.0] * N
+            metrics = m.metrics()
+            injected = p0.injected + p1.injected
+    assert injected["503"] > 0 and injected["drop"] > 0
+    assert metrics["retries"].get("result_failed", 0) > 0  # planted INIT failures
+    assert metrics["samples"]["submitted"] > 5 * B * N
+
+
+async def test_a_prompt_that_never_finishes_hits_its_deadline(tmp_path: Path) -> None:
+    prompts = [planted("random", seed=i, run_s=0.02) for i in range(40)]
+    prompts.insert(1, planted("random", seed=99, hang=True))
+    async with rig(tmp_path) as r, RolloutManager(
+        servers=r.urls, prompts=prompts, group_size=N, batch_groups=B, sample_deadline_s=1.0,
+        progress=False,
+    ) as m:  # fmt: skip
+        await m.set_weights(version=0, backends=[r.llm.address])
+        batch = await m.next_batch()
+        await eventually(lambda: m.metrics()["groups"]["failed_by"].get("deadline") == 1)
+        for group in batch:
+            check_group(group, N)
+            assert group.prompt_uid != "p1"
+        hung = [f"{m.run_id}-p1-{k}-0" for k in range(N)]
+        async with RolloutClient(r.urls[0]) as c0, RolloutClient(r.urls[1]) as c1:
+
+            async def all_cancelled() -> bool:
+                found = (await c0.poll(hung))["done"] + (await c1.poll(hung))["done"]
+                return len(found) == N and {x["status"] for x in found} == {"cancelled"}
+
+            await eventually(all_cancelled)
+
+
+async def test_stall_watchdog_names_servers_and_samples(tmp_path: Path) -> None:
+    prompts = [planted("right", seed=i, hang=True) for i in range(4)]
+    async with rig(tmp_path) as r, RolloutManager(
+        servers=r.urls, prompts=prompts, group_size=2, batch_groups=1, sample_deadline_s=None,
+        stall_timeout_s=1.0, progress=False,
+    ) as m:  # fmt: skip
+        await m.set_weights(version=0, backends=[r.llm.address])
+        with pytest.raises(RolloutStalled) as info:
+            await m.next_batch()
+    assert "no rollout result for 1 s" in str(info.value)
+    assert set(info.value.diagnosis["servers"]) == set(r.urls)  # type: ignore[arg-type]
+    assert info.value.diagnosis["samples"]
+
+
+async def test_prompts_running_out_is_a_clear_error(tmp_path: Path) -> None:
+    prompts = [planted("right", seed=i) for i in range(3)] + [planted("random", seed=7)]
+    async with rig(tmp_path, servers=1) as r, RolloutManager(
+        servers=r.urls, prompts=prompts, group_size=N, batch_groups=2, progress=False,
+    ) as m:  # fmt: skip
+        await m.set_weights(version=0, backends=[r.llm.address])
+        inst = PlantedInstance(outcome="random", seed=7)
+        ready = int(len({planted_reward(inst, f"p3-{k}") for k in range(N)}) > 1)
+        with pytest.raises(PromptsExhausted, match=rf"prompts ran out: {ready} of 2 groups ready"):
+            await m.next_batch()
