@@ -98,8 +98,6 @@ class Engine:
         return live < target and self.admits(live)
 
     def admits(self, live: int) -> bool:
-        if self.staleness.current is None:
-            return True  # no version known yet: nothing can be stale
         return self.staleness.admits(self.accepted + len(self.ready), live)
 
     def _next_group(self) -> GroupState | None:

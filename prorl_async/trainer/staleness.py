@@ -39,6 +39,6 @@ class Staleness:
         return self.max_lag is not None and lag is not None and lag > self.max_lag
 
     def admits(self, accepted: int, running: int) -> bool:
-        if self.max_lag is None:
-            return True
+        if self.max_lag is None or self.current is None:
+            return True  # no bound, or no version known yet: nothing can be stale
         return accepted + running < (self.updates + self.max_lag + 1) * self.batch_groups
