@@ -16,8 +16,10 @@ A trainer step of ``--train-s`` seconds follows every batch (weights bumped each
 - (c) this manager with ``carry``: unfinished groups keep running into the next batch and
   generation overlaps the trainer step, within ``max_version_lag=1``.
 
-Printed per pass rate: useful groups/s, the ratio to (a), and wasted tokens and
-sample-seconds beyond the filter (surplus, cancelled, stale), plus what the filter drops.
+Printed per pass rate: useful groups/s, the ratio to (a), wasted tokens and sample-seconds
+beyond the filter (surplus, cancelled, stale), what the filter drops, the wall time, and
+the mean active seconds of the samples returned to the trainer (``kept_s``: a strategy
+that keeps only what finished first returns shorter samples than the task produces).
 
     python -m bench.dapo [--batches 6] [--group-size 4] [--batch-groups 8]
 """
@@ -50,7 +52,16 @@ class Outcome:
     waste_tokens: int = 0
     waste_s: float = 0.0
     filtered_tokens: int = 0
+    returned_s: list[float] = field(default_factory=list)
     detail: dict[str, Any] = field(default_factory=dict)
+
+    def returned(self, batch: list[Group]) -> None:
+        self.groups += len(batch)
+        self.returned_s.extend(_active(r) for g in batch for r in g.results)
+
+    @property
+    def mean_s(self) -> float:
+        return sum(self.returned_s) / len(self.returned_s) if self.returned_s else 0.0
 
     @property
     def rate(self) -> float:
@@ -126,7 +137,7 @@ async def batch_by_batch(urls: list[str], args: argparse.Namespace, pass_rate: f
             for group in kept[args.batch_groups :]:  # veRL truncates to the train batch
                 out.waste_tokens += group.tokens
                 out.waste_s += sum(_active(r) for r in group.results)
-            out.groups += args.batch_groups
+            out.returned(kept[: args.batch_groups])
             await asyncio.sleep(args.train_s)
         out.seconds = time.monotonic() - start
     return out
@@ -147,8 +158,7 @@ async def managed(
         await m.set_weights(version=0, backends=[llm])
         start = time.monotonic()
         for version in range(1, args.batches + 1):
-            batch = await m.next_batch()
-            out.groups += len(batch)
+            out.returned(await m.next_batch())
             await asyncio.sleep(args.train_s)
             await m.set_weights(version=version, backends=[llm])
         out.seconds = time.monotonic() - start
@@ -182,7 +192,7 @@ def _row(name: str, o: Outcome, base: Outcome) -> str:
     ratio = o.rate / base.rate if base.rate else 0.0
     return (
         f"  {name:<22} {o.rate:7.2f} {ratio:6.2f}x {o.waste_tokens:9d} {o.waste_s:9.1f}"
-        f" {o.filtered_tokens:10d}  {o.seconds:6.1f}"
+        f" {o.filtered_tokens:10d}  {o.seconds:6.1f}  {o.mean_s:6.3f}"
     )
 
 
@@ -196,7 +206,10 @@ async def main(args: argparse.Namespace) -> None:
             f"RUN lognormal(median {args.run_s}s, sigma {args.sigma}) "
             f"2 servers x {args.run_workers} RUN workers, train step {args.train_s}s"
         )
-        header = "  mode                   groups/s  vs(a)  waste_tok  waste_s  filter_tok  wall_s"
+        header = (
+            "  mode                   groups/s  vs(a)  waste_tok  waste_s  filter_tok"
+            "  wall_s  kept_s"
+        )
         for pass_rate in (0.2, 0.5, 0.8):
             a = await batch_by_batch(urls, args, pass_rate)
             b = await managed(urls, llm, args, pass_rate, "cancel")

@@ -15,7 +15,7 @@ from typing import Any
 
 from prorl_async.trainer.errors import TrainerError
 from prorl_async.trainer.filters import GroupFilter
-from prorl_async.trainer.group import Group, generated_tokens
+from prorl_async.trainer.group import Group, generated_tokens, weight_versions
 from prorl_async.trainer.metrics import ManagerMetrics
 from prorl_async.trainer.registry import GroupState, Registry, Sample
 from prorl_async.trainer.retry import Backoff, classify_result, transport_class
@@ -36,12 +36,14 @@ class Settings:
         max_inflight_groups: int,
         group_filter: GroupFilter,
         max_infra_retries: int,
+        carry: bool = True,
     ) -> None:
         self.group_size = group_size
         self.batch_groups = batch_groups
         self.max_inflight_groups = max_inflight_groups
         self.group_filter = group_filter
         self.max_infra_retries = max_infra_retries
+        self.carry = carry
 
 
 class Engine:
@@ -89,7 +91,10 @@ class Engine:
             self.reg.add_group(group)
 
     def _wants_group(self) -> bool:
-        need = self.cfg.batch_groups - len(self.ready)
+        # with carry, work for the next batch is never lost: look one batch ahead so RUN
+        # slots do not drain while the last groups of this batch finish
+        ahead = self.cfg.batch_groups if self.cfg.carry else 0
+        need = self.cfg.batch_groups + ahead - len(self.ready)
         if need <= 0 or not self.hungry:
             return False
         live = len(self.reg.groups)
@@ -274,9 +279,17 @@ class Engine:
         self.notify()
 
     def restale(self, group: Group) -> None:
+        """Regenerate only the samples that are too old; the fresh ones stay in the group."""
         self.metrics.stale += 1
-        self.metrics.waste("stale", group.tokens, _group_s(group))
-        self.resubmit.append(GroupState(group.prompt_uid, group.job, self.cfg.group_size))
+        state = GroupState(group.prompt_uid, group.job, self.cfg.group_size)
+        state.submissions = group.attempts
+        for k, result in enumerate(group.results):
+            versions = weight_versions(result)
+            if self.staleness.is_stale(min(versions) if versions else None):
+                self.metrics.waste("stale", *result_cost(result))
+            else:
+                state.results[k] = result
+        self.resubmit.append(state)
 
     def take_batch(self) -> list[Group] | None:
         """``batch_groups`` fresh groups from the ready queue, or ``None`` if not enough."""

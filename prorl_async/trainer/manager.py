@@ -73,6 +73,7 @@ class RolloutManager:
         self.settings = Settings(
             group_size=group_size, batch_groups=batch_groups, max_inflight_groups=inflight,
             group_filter=resolve_filter(group_filter), max_infra_retries=max_infra_retries,
+            carry=on_batch_full == "carry",
         )  # fmt: skip
         self.on_batch_full = on_batch_full
         self.run_id = run_id or uuid.uuid4().hex[:10]

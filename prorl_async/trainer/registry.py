@@ -70,8 +70,9 @@ class Registry:
             raise ValueError(f"prompt uid {group.uid!r} is already in flight")
         self.groups[group.uid] = group
         self.attempts.setdefault(group.uid, [0] * group.n)
-        for k in range(group.n):
-            self.pending.append(self.new_attempt(group, k))
+        for k, result in enumerate(group.results):
+            if result is None:  # a refreshed stale group keeps its fresh results
+                self.pending.append(self.new_attempt(group, k))
 
     def new_attempt(self, group: GroupState, k: int, failures: int = 0) -> Sample:
         attempt = self.attempts[group.uid][k]
