@@ -175,7 +175,8 @@ class RolloutManager:
         try:
             await coro
         except Exception as exc:
-            log.exception("rollout manager loop failed")
+            if not isinstance(exc, TrainerError):  # a TrainerError reaches the caller as is
+                log.exception("rollout manager loop failed")
             engine = self._require()
             engine.error = exc
             engine.notify()
