@@ -130,7 +130,7 @@ class Engine:
         earliest: float | None = None
         while self.reg.pending:
             sample = self.reg.pending.popleft()
-            server = None if sample.not_before > now else self.pool.pick(sample.avoid)
+            server = None if sample.not_before > now else self._server_for(sample)
             if server is None:
                 waiting.append(sample)
                 if sample.not_before > now:
@@ -142,6 +142,17 @@ class Engine:
         if earliest is not None:
             asyncio.get_running_loop().call_later(earliest - now, self.wake.set)
         await asyncio.gather(*(self._submit(self.pool.servers[u], s) for u, s in plan.items()))
+
+    def _server_for(self, sample: Sample) -> ServerState | None:
+        if sample.pin is None:
+            return self.pool.pick(sample.avoid)
+        pinned = self.pool.servers[sample.pin]
+        if not pinned.quarantined:
+            return pinned if pinned.free > 0 else None
+        # its answer was lost and the server is gone: a new id elsewhere (retry appends it)
+        pinned.orphans.add(sample.job_id)
+        self.retry(sample, pinned.url, "quarantine", None, count=False)
+        return None
 
     async def _submit(self, server: ServerState, samples: list[Sample]) -> None:
         try:
@@ -161,11 +172,20 @@ class Engine:
     def _submit_failed(
         self, server: ServerState, samples: list[Sample], exc: BaseException, kind: str
     ) -> None:
+        self.server_failed(server, exc)  # on quarantine this moves the samples elsewhere
         for sample in samples:
-            if server.inflight.pop(sample.job_id, None) is not None:
-                server.orphans.add(sample.job_id)  # it may have been accepted before the error
+            if server.inflight.pop(sample.job_id, None) is None:
+                continue
+            if kind == "connection":
+                self.metrics.retries[f"submit_{kind}"] += 1
+                # the answer may be lost after the server took the job: the same id on the
+                # same server is idempotent, so nothing can run twice
+                sample.pin = server.url
+                sample.not_before = time.monotonic() + self.backoff.delay(server.failures, exc)
+                self.reg.pending.append(sample)
+                self.wake.set()
+            else:
                 self.retry(sample, server.url, f"submit_{kind}", exc)
-        self.server_failed(server, exc)
 
     def _body(self, sample: Sample) -> dict[str, Any]:
         job, group = sample.group.job, sample.group
@@ -197,7 +217,8 @@ class Engine:
             return
         new = self.reg.new_attempt(sample.group, sample.k, failures)
         new.avoid = server
-        new.not_before = time.monotonic() + (self.backoff.delay(failures, exc) if count else 0)
+        if count:  # a move off a quarantined server goes at once
+            new.not_before = time.monotonic() + self.backoff.delay(failures, exc)
         self.reg.pending.append(new)
         self.wake.set()
 

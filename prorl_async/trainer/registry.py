@@ -46,6 +46,7 @@ class Sample:
     infra_failures: int = 0
     server: str | None = None
     avoid: str | None = None
+    pin: str | None = None
     not_before: float = 0.0
     submitted_at: float = 0.0
 
