@@ -234,6 +234,7 @@ class RolloutManager:
         engine = self._require()
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version must be an int, got {version!r}")
+        self._staleness.check(version)
         addresses = list(backends)
         if not addresses:
             raise ValueError("backends: give at least one LLM backend address")

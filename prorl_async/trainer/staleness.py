@@ -22,9 +22,12 @@ class Staleness:
         self.current: int | None = None
         self.updates = 0
 
-    def set_version(self, version: int) -> None:
+    def check(self, version: int) -> None:
         if self.current is not None and version < self.current:
             raise ValueError(f"version {version} is older than the current {self.current}")
+
+    def set_version(self, version: int) -> None:
+        self.check(version)
         if self.current is not None and version != self.current:
             self.updates += 1
         self.current = version
