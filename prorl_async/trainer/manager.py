@@ -128,15 +128,14 @@ class RolloutManager:
         tasks, self._tasks = list(self._tasks), set()
         for task in tasks:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
         try:
+            await asyncio.gather(*tasks, return_exceptions=True)
             if self._engine is not None:
+                # shielded: a cancelled close still stops this manager's jobs on the servers
                 await asyncio.shield(self._cancel_everything())
         finally:
             if self._session is not None:
                 await self._session.close()
-            if (current := asyncio.current_task()) is not None and current.cancelling():
-                raise asyncio.CancelledError
 
     async def _cancel_everything(self) -> None:
         assert self._engine is not None
@@ -177,9 +176,9 @@ class RolloutManager:
         except Exception as exc:
             if not isinstance(exc, TrainerError):  # a TrainerError reaches the caller as is
                 log.exception("rollout manager loop failed")
-            engine = self._require()
-            engine.error = exc
-            engine.notify()
+            if self._engine is not None:
+                self._engine.error = exc
+                self._engine.notify()
 
     # -- background loops --------------------------------------------------------------
 
