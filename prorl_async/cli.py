@@ -14,7 +14,8 @@ __all__ = ["main"]
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run the rollout server")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8400)")
+    p.add_argument("--port", type=int, help="port (default 8400; 0 picks a free one)")
+    p.add_argument("--port-file", help="write the bound port here once listening")
     p.add_argument("--config", help="TOML file with ServerConfig fields")
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN'")
     p.add_argument("--init-workers", type=int)
@@ -33,6 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     keys = (
         "host",
         "port",
+        "port_file",
         "token",
         "init_workers",
         "run_workers",
