@@ -62,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("scripted-llm", "run the scripted LLM test double (vLLM/SGLang protocol)"),
         ("build-image", "build an Apptainer .sif from a template in sif_templates/"),
         ("demo", "run the demo: server + scripted LLM + a task mix, print a summary"),
+        ("cluster", "multi-node: backend assignment, Slurm node launcher and bring-up"),
     ):
         sub.add_parser(name, help=text, add_help=False)
     args, rest = parser.parse_known_args(argv)
@@ -79,6 +80,7 @@ def _delegate(command: str, rest: list[str]) -> int:
         "scripted-llm": "prorl_async.scripted_llm",
         "build-image": "prorl_async.images",
         "demo": "prorl_async.demo",
+        "cluster": "prorl_async.cluster._cli",
     }[command]
     run = importlib.import_module(module).main
     return int(run(rest) or 0)
