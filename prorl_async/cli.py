@@ -63,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("build-image", "build an Apptainer .sif from a template in sif_templates/"),
         ("demo", "run the demo: server + scripted LLM + a task mix, print a summary"),
         ("cluster", "multi-node: backend assignment, Slurm node launcher and bring-up"),
+        ("collect", "fill GRPO batches from rollout servers (trainer-side smoke test)"),
     ):
         sub.add_parser(name, help=text, add_help=False)
     args, rest = parser.parse_known_args(argv)
@@ -81,6 +82,7 @@ def _delegate(command: str, rest: list[str]) -> int:
         "build-image": "prorl_async.images",
         "demo": "prorl_async.demo",
         "cluster": "prorl_async.cluster._cli",
+        "collect": "prorl_async.trainer.collect",
     }[command]
     run = importlib.import_module(module).main
     return int(run(rest) or 0)

@@ -58,7 +58,7 @@ def _bringup_parser(b: argparse.ArgumentParser) -> None:
     b.add_argument("--timeout", type=float, default=600.0)
     b.add_argument("--weight-version", default="0")
     b.add_argument("--api", choices=("vllm", "sglang"), default="vllm")
-    b.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID"))
+    b.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID", ""))
     b.add_argument("--watch-pid", type=int, action="append", default=[],
                    help="fail if this process (a launcher step) ends first")  # fmt: skip
 

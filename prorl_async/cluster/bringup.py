@@ -40,7 +40,7 @@ class BringUp:
     timeout_s: float = 600.0
     weight_version: int | str = 0
     api: str = "vllm"
-    slurm_job_id: str | None = None
+    slurm_job_id: str = ""
     watch_pids: tuple[int, ...] = ()
     token: str | None = None
 

@@ -33,7 +33,7 @@ class ClusterSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     servers: list[ServerEntry]
     llms: list[LLMEntry] = msgspec.field(default_factory=list)
     assignment: dict[str, list[str]] = msgspec.field(default_factory=dict)
-    slurm_job_id: str | None = None
+    slurm_job_id: str = ""
 
 
 _encoder = msgspec.json.Encoder()

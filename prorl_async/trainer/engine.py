@@ -1,0 +1,334 @@
+"""The manager's engine: admission, dispatch to servers, and what each result means.
+
+Everything here runs on one event loop and mutates state only between awaits, so the
+registry, the servers' in-flight maps and the ready queue always agree.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+from prorl_async.trainer.errors import TrainerError
+from prorl_async.trainer.filters import GroupFilter
+from prorl_async.trainer.group import Group, generated_tokens
+from prorl_async.trainer.metrics import ManagerMetrics
+from prorl_async.trainer.registry import GroupState, Registry, Sample
+from prorl_async.trainer.retry import Backoff, classify_result, transport_class
+from prorl_async.trainer.servers import ServerPool, ServerState
+from prorl_async.trainer.staleness import Staleness
+
+__all__ = ["Engine", "Settings", "result_cost"]
+
+
+class Settings:
+    """The knobs the engine needs (validated by the manager)."""
+
+    def __init__(
+        self,
+        *,
+        group_size: int,
+        batch_groups: int,
+        max_inflight_groups: int,
+        group_filter: GroupFilter,
+        max_infra_retries: int,
+    ) -> None:
+        self.group_size = group_size
+        self.batch_groups = batch_groups
+        self.max_inflight_groups = max_inflight_groups
+        self.group_filter = group_filter
+        self.max_infra_retries = max_infra_retries
+
+
+class Engine:
+    """State of one manager and the reactions to every event."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        prompts: Iterator[dict[str, Any]],
+        pool: ServerPool,
+        staleness: Staleness,
+        run: str,
+    ) -> None:
+        self.cfg = settings
+        self.prompts = prompts
+        self.pool = pool
+        self.staleness = staleness
+        self.reg = Registry(run)
+        self.ready: deque[Group] = deque()
+        self.resubmit: deque[GroupState] = deque()
+        self.metrics = ManagerMetrics()
+        self.backoff = Backoff()
+        self.index = 0
+        self.exhausted = False
+        self.accepted = 0
+        self.error: BaseException | None = None
+        self.wake = asyncio.Event()
+        self.progress = asyncio.Event()
+        self.last_result = time.monotonic()
+
+    def notify(self) -> None:
+        self.wake.set()
+        self.progress.set()
+
+    # -- admission ---------------------------------------------------------------------
+
+    def admit(self) -> None:
+        """Start groups while the batch needs them and staleness allows it."""
+        while self._wants_group():
+            group = self._next_group()
+            if group is None:
+                return
+            self.reg.add_group(group)
+
+    def _wants_group(self) -> bool:
+        need = self.cfg.batch_groups - len(self.ready)
+        if need <= 0:
+            return False
+        live = len(self.reg.groups)
+        rate = (self.metrics.kept + 1) / (self.metrics.kept + self.metrics.filtered + 1)
+        target = min(self.cfg.max_inflight_groups, math.ceil(need / rate))
+        return live < target and self.admits(live)
+
+    def admits(self, live: int) -> bool:
+        if self.staleness.current is None:
+            return True  # no version known yet: nothing can be stale
+        return self.staleness.admits(self.accepted + len(self.ready), live)
+
+    def _next_group(self) -> GroupState | None:
+        if self.resubmit:
+            return self.resubmit.popleft()
+        if self.exhausted:
+            return None
+        try:
+            job = next(self.prompts)
+        except StopIteration:
+            self.exhausted = True
+            self.progress.set()
+            return None
+        uid = f"p{self.index}"
+        self.index += 1
+        return GroupState(uid, _checked_job(job, uid), self.cfg.group_size)
+
+    # -- dispatch ----------------------------------------------------------------------
+
+    async def dispatch(self) -> None:
+        """Send pending samples to servers with free RUN slots, one batch call per server."""
+        now = time.monotonic()
+        plan: dict[str, list[Sample]] = {}
+        waiting: deque[Sample] = deque()
+        earliest: float | None = None
+        while self.reg.pending:
+            sample = self.reg.pending.popleft()
+            server = None if sample.not_before > now else self.pool.pick(sample.avoid)
+            if server is None:
+                waiting.append(sample)
+                if sample.not_before > now:
+                    earliest = min(earliest or sample.not_before, sample.not_before)
+                continue
+            server.add(sample)
+            plan.setdefault(server.url, []).append(sample)
+        self.reg.pending = waiting
+        if earliest is not None:
+            asyncio.get_running_loop().call_later(earliest - now, self.wake.set)
+        await asyncio.gather(*(self._submit(self.pool.servers[u], s) for u, s in plan.items()))
+
+    async def _submit(self, server: ServerState, samples: list[Sample]) -> None:
+        try:
+            await server.client.submit_batch([self._body(s) for s in samples])
+        except Exception as exc:
+            kind = transport_class(exc)
+            if kind is None:
+                raise TrainerError(f"{server.url} rejected a job: {exc}") from exc
+            self._submit_failed(server, samples, exc, kind)
+            return
+        now = time.monotonic()
+        for sample in samples:
+            sample.submitted_at = now
+        self.metrics.submitted += len(samples)
+
+    def _submit_failed(
+        self, server: ServerState, samples: list[Sample], exc: BaseException, kind: str
+    ) -> None:
+        for sample in samples:
+            if server.inflight.pop(sample.job_id, None) is not None:
+                server.orphans.add(sample.job_id)  # it may have been accepted before the error
+                self.retry(sample, server.url, f"submit_{kind}", exc)
+        self.server_failed(server, exc)
+
+    def _body(self, sample: Sample) -> dict[str, Any]:
+        job, group = sample.group.job, sample.group
+        mine = {
+            "run": self.reg.run,
+            "prompt_uid": group.uid,
+            "sample": sample.k,
+            "attempt": sample.attempt,
+            "sample_key": f"{group.uid}-{sample.k}",
+        }
+        body = {k: v for k, v in job.items() if k != "metadata"}
+        body["metadata"] = {**(job.get("metadata") or {}), "prorl_trainer": mine}
+        body["job_id"] = sample.job_id
+        return body
+
+    # -- failures ----------------------------------------------------------------------
+
+    def retry(
+        self, sample: Sample, server: str, kind: str, exc: BaseException | None, count: bool = True
+    ) -> None:
+        """Resubmit one sample under a new job id, elsewhere, after a backoff."""
+        self.reg.forget(sample)
+        if sample.group.uid not in self.reg.groups:
+            return
+        failures = sample.infra_failures + (1 if count else 0)
+        self.metrics.retries[kind] += 1
+        if failures > self.cfg.max_infra_retries:
+            self.fail_group(sample.group, "failed")
+            return
+        new = self.reg.new_attempt(sample.group, sample.k, failures)
+        new.avoid = server
+        new.not_before = time.monotonic() + (self.backoff.delay(failures, exc) if count else 0)
+        self.reg.pending.append(new)
+        self.wake.set()
+
+    def server_failed(self, server: ServerState, exc: BaseException) -> None:
+        """A transport failure; the third in a row quarantines the server."""
+        if not server.transport_failed():
+            return
+        moved = list(server.inflight.values())
+        server.orphans.update(server.inflight)
+        server.inflight.clear()
+        for sample in moved:
+            self.retry(sample, server.url, "quarantine", exc, count=False)
+        self.notify()
+
+    def fail_group(self, group: GroupState, cause: str) -> None:
+        """Give up on a group (retries exhausted, deadline): counted, never scored."""
+        self._drop_live(group)
+        self.metrics.failed += 1
+        self.metrics.failed_by[cause] += 1
+        self._waste_results(group, "failed")
+        self.reg.release(group.uid)
+        self.notify()
+
+    def _drop_live(self, group: GroupState) -> list[Sample]:
+        live = self.reg.drop_group(group)
+        for sample in live:
+            server = self.pool.servers.get(sample.server or "")
+            if server is not None and server.inflight.pop(sample.job_id, None) is not None:
+                server.orphans.add(sample.job_id)
+                server.dirty.set()
+        return live
+
+    def _waste_results(self, group: GroupState, cause: str) -> None:
+        for result in group.results:
+            if result is not None:
+                self.metrics.waste(cause, generated_tokens(result), _active_s(result))
+
+    # -- results -----------------------------------------------------------------------
+
+    def on_done(self, server: ServerState, result: dict[str, Any]) -> None:
+        job_id = str(result.get("job_id"))
+        sample = server.inflight.pop(job_id, None)
+        if sample is None or self.reg.by_job.get(job_id) is not sample:
+            return  # an answer we no longer wait for (cancelled, moved, duplicate)
+        now = time.monotonic()
+        self.last_result = now
+        self.metrics.results += 1
+        server.stats.completed_one(now - sample.submitted_at)
+        self.wake.set()
+        if classify_result(result) == "infra":
+            self.retry(sample, server.url, f"result_{result.get('status')}", None)
+            return
+        self.reg.forget(sample)
+        group = sample.group
+        group.results[sample.k] = result
+        if group.complete:
+            self.reg.groups.pop(group.uid, None)
+            self.judge(group)
+
+    def on_lost(self, server: ServerState, job_id: str) -> None:
+        """The server does not know a job we submitted there (restarted, expired)."""
+        sample = server.inflight.pop(job_id, None)
+        if sample is not None and self.reg.by_job.get(job_id) is sample:
+            self.retry(sample, server.url, "lost", None)
+
+    def judge(self, state: GroupState) -> None:
+        """A complete group: stale -> resubmitted; filtered -> counted; else ready."""
+        group = state.to_group()
+        if self.staleness.is_stale(group.min_weight_version):
+            self.restale(group)
+        elif not self.cfg.group_filter(group):
+            self.metrics.filtered += 1
+            self.metrics.waste("filtered", group.tokens, _group_s(group))
+            self.reg.release(group.prompt_uid)
+        else:
+            self.metrics.kept += 1
+            self.ready.append(group)
+        self.notify()
+
+    def restale(self, group: Group) -> None:
+        self.metrics.stale += 1
+        self.metrics.waste("stale", group.tokens, _group_s(group))
+        self.resubmit.append(GroupState(group.prompt_uid, group.job, self.cfg.group_size))
+
+    def take_batch(self) -> list[Group] | None:
+        """``batch_groups`` fresh groups from the ready queue, or ``None`` if not enough."""
+        fresh: deque[Group] = deque()
+        for group in self.ready:
+            if self.staleness.is_stale(group.min_weight_version):
+                self.metrics.kept -= 1
+                self.restale(group)
+            else:
+                fresh.append(group)
+        self.ready = fresh
+        if len(fresh) < self.cfg.batch_groups:
+            return None
+        batch = [fresh.popleft() for _ in range(self.cfg.batch_groups)]
+        for group in batch:
+            self._returned(group)
+        return batch
+
+    def _returned(self, group: Group) -> None:
+        lag = self.staleness.lag(group.min_weight_version)
+        if lag is not None:
+            self.metrics.version_lag[lag] += 1
+        self.metrics.returned += 1
+        self.metrics.useful_tokens += group.tokens
+        self.accepted += 1
+        self.reg.release(group.prompt_uid)
+
+    def take_live(self) -> list[tuple[GroupState, list[Sample]]]:
+        """Remove every unfinished group (for ``on_batch_full="cancel"`` and close)."""
+        return [(g, self._drop_live(g)) for g in list(self.reg.groups.values())]
+
+
+def _checked_job(job: Any, uid: str) -> dict[str, Any]:
+    where = f"prompts[{uid[1:]}]"
+    if not isinstance(job, dict):
+        raise TrainerError(f"{where}: a job must be a dict, got {type(job).__name__}")
+    for key in ("task", "instance"):
+        if key not in job:
+            raise TrainerError(f"{where}: missing {key!r}")
+    if "job_id" in job:
+        raise TrainerError(f"{where}: 'job_id' is chosen by the manager; leave it out")
+    return job
+
+
+def result_cost(result: dict[str, Any]) -> tuple[int, float]:
+    """(generated tokens, active seconds) a result cost."""
+    return generated_tokens(result), _active_s(result)
+
+
+def _active_s(result: dict[str, Any]) -> float:
+    timing = result.get("timing") or {}
+    value = timing.get("active_s") if isinstance(timing, dict) else None
+    return float(value) if isinstance(value, int | float) else 0.0
+
+
+def _group_s(group: Group) -> float:
+    return sum(_active_s(r) for r in group.results)

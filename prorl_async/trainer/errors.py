@@ -1,0 +1,21 @@
+"""Errors the trainer-side manager raises."""
+
+from __future__ import annotations
+
+__all__ = ["PromptsExhausted", "RolloutStalled", "TrainerError"]
+
+
+class TrainerError(RuntimeError):
+    """The manager cannot go on; the message says why and what to change."""
+
+
+class PromptsExhausted(TrainerError):
+    """``prompts`` ran out before a batch could be filled."""
+
+
+class RolloutStalled(TrainerError):
+    """No result arrived for ``stall_timeout_s``; ``diagnosis`` names the servers and samples."""
+
+    def __init__(self, message: str, diagnosis: dict[str, object]) -> None:
+        super().__init__(message)
+        self.diagnosis = diagnosis

@@ -1,0 +1,80 @@
+"""A GRPO group: the n results of one prompt, and its veRL view."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Group", "generated_tokens", "weight_versions"]
+
+
+def weight_versions(result: dict[str, Any]) -> list[int]:
+    """Integer weight versions a result's turns were generated with."""
+    found = [v for v in result.get("weight_versions") or () if isinstance(v, int)]
+    for turn in result.get("turns") or ():
+        v = turn.get("weight_version") if isinstance(turn, dict) else None
+        if isinstance(v, int) and not isinstance(v, bool):
+            found.append(v)
+    return found
+
+
+def generated_tokens(result: dict[str, Any]) -> int:
+    """Tokens the LLM generated for a result (mask-1 response tokens)."""
+    mask = result.get("response_mask")
+    if isinstance(mask, list):
+        return int(sum(1 for m in mask if m))
+    return 0
+
+
+@dataclass
+class Group:
+    """The ``group_size`` results of one prompt, in sample order.
+
+    ``attempts`` counts job submissions for this group (``group_size`` when nothing was
+    retried). ``min_weight_version``/``max_weight_version`` span every turn of every
+    result (``None`` when no turn carries an integer version).
+    """
+
+    prompt_uid: str
+    job: dict[str, Any]
+    results: list[dict[str, Any]]
+    attempts: int = 0
+    rewards: list[float | None] = field(init=False)
+    min_weight_version: int | None = field(init=False)
+    max_weight_version: int | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rewards = [_reward(r) for r in self.results]
+        versions = [v for r in self.results for v in weight_versions(r)]
+        self.min_weight_version = min(versions) if versions else None
+        self.max_weight_version = max(versions) if versions else None
+
+    @property
+    def tokens(self) -> int:
+        return sum(generated_tokens(r) for r in self.results)
+
+    def to_verl(self) -> list[dict[str, Any]]:
+        """One dict per sample with veRL ``AgentLoopOutput`` field names."""
+        return [_verl(r) for r in self.results]
+
+
+def _reward(result: dict[str, Any]) -> float | None:
+    reward = result.get("reward")
+    return float(reward) if isinstance(reward, int | float) else None
+
+
+def _verl(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "prompt_ids": list(result.get("prompt_ids") or []),
+        "response_ids": list(result.get("response_ids") or []),
+        "response_mask": list(result.get("response_mask") or []),
+        "response_logprobs": list(result.get("response_logprobs") or []),
+        "reward_score": _reward(result),
+        "num_turns": int(result.get("num_turns") or 0),
+        "metrics": {
+            "status": result.get("status"),
+            "timing": result.get("timing") or {},
+            "weight_versions": result.get("weight_versions") or [],
+            "job_id": result.get("job_id"),
+        },
+    }

@@ -1,0 +1,338 @@
+"""``RolloutManager``: asynchronous GRPO/DAPO batches across many rollout servers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Coroutine, Iterable
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import aiohttp
+
+from prorl_async.client import RolloutClient
+from prorl_async.trainer.cluster import load_cluster
+from prorl_async.trainer.engine import Engine, Settings, result_cost
+from prorl_async.trainer.errors import PromptsExhausted, RolloutStalled, TrainerError
+from prorl_async.trainer.filters import GroupFilter, resolve_filter
+from prorl_async.trainer.group import Group
+from prorl_async.trainer.poller import PollHandlers, poll_loop
+from prorl_async.trainer.progress import Progress
+from prorl_async.trainer.retry import transport_class
+from prorl_async.trainer.servers import QUARANTINE_AFTER, ServerPool, ServerState
+from prorl_async.trainer.staleness import Staleness
+from prorl_async.trainer.watchdog import cancel_on_servers, expired_groups, stall_report
+
+__all__ = ["RolloutManager"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CAPACITY = 64
+_CLOSE_TIMEOUT_S = 10.0
+
+
+class RolloutManager:
+    """Keeps many rollout servers busy and hands out batches of filtered GRPO groups.
+
+    ``async with RolloutManager(servers=[...], prompts=jobs, group_size=8, batch_groups=64)
+    as m: batch = await m.next_batch()``. See docs/trainer.md.
+    """
+
+    def __init__(
+        self,
+        *,
+        servers: Iterable[str] | None = None,
+        cluster: str | Path | None = None,
+        prompts: Iterable[dict[str, Any]],
+        group_size: int,
+        batch_groups: int,
+        max_inflight_groups: int | None = None,
+        group_filter: str | GroupFilter | None = "nonzero_std",
+        on_batch_full: Literal["carry", "cancel"] = "carry",
+        max_version_lag: int | None = 1,
+        token: str | None = None,
+        max_infra_retries: int = 3,
+        sample_deadline_s: float | None = 3600.0,
+        stall_timeout_s: float = 600.0,
+        run_id: str | None = None,
+        progress: bool | None = None,
+    ) -> None:
+        self.urls = _server_urls(servers, cluster)
+        _positive(group_size=group_size, batch_groups=batch_groups)
+        inflight = 2 * batch_groups if max_inflight_groups is None else max_inflight_groups
+        _positive(max_inflight_groups=inflight, stall_timeout_s=stall_timeout_s)
+        if sample_deadline_s is not None:
+            _positive(sample_deadline_s=sample_deadline_s)
+        if max_infra_retries < 0:
+            raise ValueError(f"max_infra_retries must be >= 0, got {max_infra_retries}")
+        if on_batch_full not in ("carry", "cancel"):
+            raise ValueError(f"on_batch_full must be 'carry' or 'cancel', got {on_batch_full!r}")
+        self.settings = Settings(
+            group_size=group_size, batch_groups=batch_groups, max_inflight_groups=inflight,
+            group_filter=resolve_filter(group_filter), max_infra_retries=max_infra_retries,
+        )  # fmt: skip
+        self.on_batch_full = on_batch_full
+        self.run_id = run_id or uuid.uuid4().hex[:10]
+        self.sample_deadline_s = sample_deadline_s
+        self.stall_timeout_s = stall_timeout_s
+        self._staleness = Staleness(max_version_lag, batch_groups)
+        self._prompts = iter(prompts)
+        self._token = token
+        self._progress = Progress(enabled=progress)
+        self._session: aiohttp.ClientSession | None = None
+        self._engine: Engine | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._backends: list[str] | None = None
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def __aenter__(self) -> RolloutManager:
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        try:
+            servers = await asyncio.gather(*(self._open_server(u) for u in self.urls))
+            if all(s.quarantined for s in servers):
+                raise TrainerError(f"no rollout server answered /status: {', '.join(self.urls)}")
+        except BaseException:
+            await self.aclose()
+            raise
+        pool = ServerPool(list(servers))
+        engine = Engine(self.settings, self._prompts, pool, self._staleness, self.run_id)
+        self._engine = engine
+        handlers = PollHandlers(
+            engine.on_done, engine.on_lost, engine.server_failed, self._recovered
+        )
+        for server in pool:
+            self._spawn(poll_loop(server, handlers, engine.backoff))
+        self._spawn(self._feed())
+        if self.sample_deadline_s is not None:
+            self._spawn(self._watch_deadlines(self.sample_deadline_s))
+        engine.wake.set()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the loops, cancel this manager's unfinished jobs on every server. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._progress.done()
+        tasks, self._tasks = list(self._tasks), set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        try:
+            if self._engine is not None:
+                await asyncio.shield(self._cancel_everything())
+        finally:
+            if self._session is not None:
+                await self._session.close()
+            if (current := asyncio.current_task()) is not None and current.cancelling():
+                raise asyncio.CancelledError
+
+    async def _cancel_everything(self) -> None:
+        assert self._engine is not None
+        live = self._engine.take_live()
+        ids = {s.job_id: s.server for _, samples in live for s in samples if s.server}
+        for server in self._engine.pool:
+            ids.update(dict.fromkeys(server.orphans, server.url))
+            server.orphans.clear()
+        try:
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await cancel_on_servers(self._engine.pool, ids)
+        except TimeoutError:
+            log.warning("cancelling %d jobs on close timed out", len(ids))
+
+    async def _open_server(self, url: str) -> ServerState:
+        client = RolloutClient(url, token=self._token, session=self._session)
+        server = ServerState(url, client, DEFAULT_CAPACITY)
+        try:
+            status = await client.status()
+        except Exception as exc:
+            if transport_class(exc) is None:
+                raise TrainerError(f"{url}: /status failed: {exc}") from exc
+            log.warning("rollout server %s is unreachable (%s); quarantined", url, exc)
+            server.failures = QUARANTINE_AFTER - 1
+            server.transport_failed()
+            return server
+        server.capacity = int((status.get("workers") or {}).get("run") or DEFAULT_CAPACITY)
+        return server
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(self._guard(coro))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _guard(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coro
+        except Exception as exc:
+            log.exception("rollout manager loop failed")
+            engine = self._require()
+            engine.error = exc
+            engine.notify()
+
+    # -- background loops --------------------------------------------------------------
+
+    async def _feed(self) -> None:
+        engine = self._require()
+        while True:
+            await engine.wake.wait()
+            engine.wake.clear()
+            engine.admit()
+            await engine.dispatch()
+            self._draw()
+
+    async def _watch_deadlines(self, deadline_s: float) -> None:
+        engine = self._require()
+        tick = min(1.0, deadline_s / 4)
+        while True:
+            await asyncio.sleep(tick)
+            for group in expired_groups(engine.reg, deadline_s, time.monotonic()):
+                log.warning("prompt %s passed its %.0f s deadline; dropped", group.uid, deadline_s)
+                engine.fail_group(group, "deadline")
+
+    async def _recovered(self, server: ServerState) -> None:
+        server.quarantined = False
+        server.failures = 0
+        if self._backends is not None and self._staleness.current is not None:
+            await self._push_weights(server, self._staleness.current, self._backends)
+        self._require().wake.set()
+
+    # -- public API --------------------------------------------------------------------
+
+    async def next_batch(self) -> list[Group]:
+        """Exactly ``batch_groups`` groups that passed the filter and are fresh enough."""
+        engine = self._require()
+        start = time.monotonic()
+        while (batch := engine.take_batch()) is None:
+            self._raise_if_stuck(engine)
+            engine.progress.clear()
+            engine.wake.set()
+            await self._wait_progress(engine, start)
+            self._draw()
+        if self.on_batch_full == "cancel":
+            await self._cancel_unfinished(engine)
+        engine.metrics.batch_fill_s.append(time.monotonic() - start)
+        self._progress.done()
+        engine.wake.set()
+        return batch
+
+    async def set_weights(self, *, version: int, backends: Iterable[str]) -> None:
+        """Point every server at ``backends`` tagged ``version`` (a checkpoint swap)."""
+        engine = self._require()
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise TypeError(f"version must be an int, got {version!r}")
+        addresses = list(backends)
+        if not addresses:
+            raise ValueError("backends: give at least one LLM backend address")
+        await asyncio.gather(
+            *(self._push_weights(s, version, addresses) for s in engine.pool.healthy)
+        )
+        self._backends = addresses
+        self._staleness.set_version(version)
+        engine.wake.set()
+
+    def metrics(self) -> dict[str, Any]:
+        """Counters, waste by cause, version lags, per-server state; see docs/trainer.md."""
+        engine = self._require()
+        out = engine.metrics.to_dict()
+        out["servers"] = {
+            s.url: s.stats.to_dict(len(s.inflight), s.quarantined) for s in engine.pool
+        }
+        out["inflight_groups"] = len(engine.reg.groups)
+        out["ready_groups"] = len(engine.ready)
+        out["current_version"] = self._staleness.current
+        return out
+
+    # -- helpers -----------------------------------------------------------------------
+
+    def _require(self) -> Engine:
+        if self._closed:
+            raise TrainerError("the RolloutManager is closed")
+        if self._engine is None:
+            raise TrainerError("use the RolloutManager inside 'async with'")
+        return self._engine
+
+    def _raise_if_stuck(self, engine: Engine) -> None:
+        if engine.error is not None:
+            raise engine.error
+        idle = not engine.reg.groups and not engine.resubmit
+        if idle and engine.exhausted:
+            m = engine.metrics
+            raise PromptsExhausted(
+                f"prompts ran out: {len(engine.ready)} of {self.settings.batch_groups} groups "
+                f"ready for this batch ({m.returned} returned before, {m.filtered} filtered, "
+                f"{m.failed} failed, {m.stale} stale)"
+            )
+        if idle and not engine.admits(0):
+            raise TrainerError(
+                "the staleness bound admits no new group: call set_weights() with the new "
+                "version after each batch, or raise max_version_lag (None disables it)"
+            )
+
+    async def _wait_progress(self, engine: Engine, start: float) -> None:
+        since = max(engine.last_result, start)
+        remaining = self.stall_timeout_s - (time.monotonic() - since)
+        try:
+            async with asyncio.timeout(max(remaining, 0.0)):
+                await engine.progress.wait()
+        except TimeoutError:
+            report = stall_report(engine, self.stall_timeout_s)
+            raise RolloutStalled(report["message"], report) from None
+
+    async def _cancel_unfinished(self, engine: Engine) -> None:
+        live = engine.take_live()
+        for group, _ in live:
+            engine.metrics.cancelled += 1
+            for result in group.results:
+                if result is not None:
+                    engine.metrics.waste("cancelled", *result_cost(result))
+        ids = {s.job_id: s.server for _, samples in live for s in samples if s.server}
+        for result in await cancel_on_servers(engine.pool, ids):
+            engine.metrics.waste("cancelled", *result_cost(result))
+        for group, _ in live:
+            engine.reg.release(group.uid)
+
+    async def _push_weights(self, server: ServerState, version: int, addresses: list[str]) -> None:
+        try:
+            await server.client.clear_llm_server()
+            for address in addresses:
+                await server.client.add_llm_server(address, weight_version=version)
+        except Exception as exc:
+            if transport_class(exc) is None:
+                raise TrainerError(f"{server.url}: set_weights failed: {exc}") from exc
+            self._require().server_failed(server, exc)
+
+    def _draw(self) -> None:
+        engine = self._engine
+        if engine is not None:
+            self._progress.draw(
+                len(engine.ready), self.settings.batch_groups, engine.pool.inflight,
+                engine.metrics.pass_rate,
+            )  # fmt: skip
+
+
+def _server_urls(servers: Iterable[str] | None, cluster: str | Path | None) -> list[str]:
+    if (servers is None) == (cluster is None):
+        raise ValueError("give exactly one of servers=[...] or cluster='cluster.json'")
+    urls = [s.url for s in load_cluster(cluster).servers] if cluster else list(servers or ())
+    if not urls:
+        raise ValueError("servers: give at least one rollout server URL")
+    bad = [u for u in urls if not u.startswith(("http://", "https://"))]
+    if bad:
+        raise ValueError(f"servers: not an http(s) URL: {bad}")
+    return [u.rstrip("/") for u in dict.fromkeys(urls)]
+
+
+def _positive(**values: float) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value!r}")
