@@ -15,6 +15,7 @@ import random
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -43,14 +44,16 @@ class PrivateSlurm:
     def __init__(self, base: Path) -> None:
         self.base = base
         self.conf = base / "etc" / "slurm.conf"
-        self.socket = base / "munge" / "munge.socket.2"
+        # munged wants o+x on every directory above its socket; pytest's tmp dirs are 0700
+        self._munge_dir = Path(tempfile.mkdtemp(prefix="prorl-munge-"))
+        self._munge_dir.chmod(0o755)
+        self.socket = self._munge_dir / "munge.socket.2"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
         self._daemons: list[subprocess.Popen[bytes]] = []
 
     def start(self, timeout: float = 60.0) -> None:
         for sub in ("etc", "state", "log", "run", "munge", *(f"spool/{n}" for n in NODES)):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
-        (self.base / "munge").chmod(0o755)  # munged wants o+x on its socket dir
         self._start_munge()
         self._write_conf()
         self._spawn("slurmctld", ["slurmctld", "-D", "-f", str(self.conf)])
@@ -154,6 +157,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
                 proc.kill()
                 proc.wait()
         self._daemons.clear()
+        shutil.rmtree(self._munge_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
