@@ -14,6 +14,7 @@ import asyncio
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -106,6 +107,12 @@ def _node(args: argparse.Namespace) -> int:
     return asyncio.run(_run_node(NodeChildren(children, args.run_dir, args.grace_s)))
 
 
+def _say(message: str) -> None:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    sys.stdout.write(f"{stamp}.{int(time.time() * 1000) % 1000:03d} {message}\n")
+    sys.stdout.flush()
+
+
 async def _run_node(children: NodeChildren) -> int:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -113,6 +120,7 @@ async def _run_node(children: NodeChildren) -> int:
         loop.add_signal_handler(sig, stop.set)
     async with children:
         await children.start()
+        _say(f"started {len(children.names)}: {' '.join(children.names)}")
         watch = asyncio.ensure_future(children.run())
         stopped = asyncio.ensure_future(stop.wait())
         try:
@@ -120,8 +128,11 @@ async def _run_node(children: NodeChildren) -> int:
         finally:
             stopped.cancel()
         if watch.done():
+            _say("every process exited on its own")
             return watch.result()
+        _say("signal received: SIGTERM to every process")
         await children.aclose()
+        _say("all stopped")
         return await watch
 
 

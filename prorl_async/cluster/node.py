@@ -119,6 +119,10 @@ class NodeChildren(AsyncResource):
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._closing = False
 
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self._children]
+
     async def start(self) -> None:
         self._dir.mkdir(parents=True, exist_ok=True)
         for child in self._children:

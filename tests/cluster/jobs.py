@@ -44,7 +44,9 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str | Callable[[],
     start = time.monotonic()
     while not check():
         if time.monotonic() - start > timeout:
-            raise AssertionError(f"not within {timeout} s: {what if isinstance(what, str) else what()}")
+            raise AssertionError(
+                f"not within {timeout} s: {what if isinstance(what, str) else what()}"
+            )
         time.sleep(0.1)
     return time.monotonic() - start
 

@@ -128,7 +128,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         while time.monotonic() < deadline:
             for proc in self._daemons:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"{proc.args} exited ({proc.returncode}); see {self.base}/log")
+                    raise RuntimeError(
+                        f"{proc.args} exited ({proc.returncode}); see {self.base}/log"
+                    )
             state = self.run("sinfo", "-h", "-o", "%T", check=False).stdout
             states = set(state.split())
             if states and states <= {"idle", "mixed", "allocated", "completing"}:
@@ -136,7 +138,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
             if states & {"down", "drain", "fail", "down*", "drained"}:
                 self.run("scontrol", "update", "NodeName=n[1-3]", "State=RESUME", check=False)
             time.sleep(0.1)
-        raise RuntimeError(f"Slurm nodes not idle after {timeout} s (state {state!r}); see {self.base}/log")
+        raise RuntimeError(
+            f"Slurm nodes not idle after {timeout} s (state {state!r}); see {self.base}/log"
+        )
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command against this Slurm."""

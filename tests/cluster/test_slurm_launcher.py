@@ -95,6 +95,95 @@ def test_three_nodes_collect_node_local_assignment(slurm: PrivateSlurm, tmp_path
     # one log per process; node-local state dirs, one per server
     logs = {p.name for p in (run / "logs").iterdir()}
     assert {"trainer.log", "server-n1-0.log", "server-n3-0.log", "llm-n2-1.log"} <= logs
-    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == ["server-n1-0", "server-n2-0", "server-n3-0"]
+    assert sorted(p.name for p in (tmp_path / "state").iterdir()) == [
+        "server-n1-0",
+        "server-n2-0",
+        "server-n3-0",
+    ]
     for node in ("n1", "n2", "n3"):
         assert "stopped cleanly" in (run / "logs" / f"server-{node}-0.log").read_text()
+
+
+def _sandbox_records(state: Path) -> list[Path]:
+    return sorted(state.glob("*/sandboxes/*.json"))
+
+
+def _status_without_token(url: str) -> int:
+    try:
+        with urllib.request.urlopen(f"{url}/status", timeout=10) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_scancel_mid_run_leaves_nothing(slurm: PrivateSlurm, tmp_path: Path) -> None:
+    slow_llm = f"{SCRIPTED_LLM} --ttft 0.5"
+    state = tmp_path / "state"
+    env = {**_llm_env(slow_llm), "PRORL_STATE_ROOT": str(state),
+           "PRORL_TRAINER_CMD": _collect(tmp_path, 100)}  # fmt: skip
+    job = submit(slurm, tmp_path, env, "-N", "3")
+    cluster = tmp_path / f"prorl-{job}" / "cluster.json"
+    wait_for(lambda: cluster.exists() and len(_sandbox_records(state)) >= 3, 90,
+             lambda: f"rollouts running; job.out: {(tmp_path / 'job.out').read_text()}")  # fmt: skip
+    spec = load_spec(cluster.read_bytes())
+    # the token reached the servers through the environment only
+    assert all(_status_without_token(s.url) == 401 for s in spec.servers)
+    assert not [cmd for cmd in job_processes(job).values() if TOKEN in cmd]
+    slurm.run("scancel", job)
+    took = wait_no_processes(job, 30)
+    assert _sandbox_records(state) == []
+    assert wait_ended(slurm, job, 30) == "CANCELLED"
+    assert took < 30
+
+
+def test_llm_that_exits_at_once_fails_fast_with_its_log(
+    slurm: PrivateSlurm, tmp_path: Path
+) -> None:
+    env = {**_llm_env("sh -c 'echo cannot load the model on port {port} >&2; exit 3'"),
+           "PRORL_LLM_NODES": "n2", "PRORL_LLMS_PER_NODE": "1",
+           "PRORL_STATE_ROOT": str(tmp_path / "state"),
+           "PRORL_TRAINER_CMD": f"touch {tmp_path / 'trainer-ran'}"}  # fmt: skip
+    job = submit(slurm, tmp_path, env, "-N", "3")
+    assert wait_ended(slurm, job, 60) == "FAILED"
+    wait_no_processes(job, 30)
+    out = (tmp_path / "job.out").read_text()
+    assert "llm-n2-0 exited with status 3" in out, out
+    assert "cannot load the model on port" in out, out  # the tail of its log
+    assert not (tmp_path / "trainer-ran").exists()
+    start, end = job_field(slurm, job, "StartTime"), job_field(slurm, job, "EndTime")
+    assert _seconds(end) - _seconds(start) < 30, (start, end)
+
+
+def _seconds(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp).timestamp()
+
+
+def _stamp(log: Path, text: str) -> str:
+    for line in log.read_text().splitlines():
+        if text in line:
+            return line[:23]
+    raise AssertionError(f"{text!r} not in {log}: {log.read_text()}")
+
+
+def test_time_limit_stops_servers_gracefully_then_llms(slurm: PrivateSlurm, tmp_path: Path) -> None:
+    env = {**_llm_env(), "PRORL_LLM_NODES": "n1", "PRORL_LLMS_PER_NODE": "1",
+           "PRORL_STATE_ROOT": str(tmp_path / "state")}  # fmt: skip
+    job = submit(slurm, tmp_path, env, "-N", "3", "--time=10")
+    run = tmp_path / f"prorl-{job}"
+    wait_for((run / "cluster.json").exists, 90, lambda: (tmp_path / "job.out").read_text())
+    # less time left than the --signal=B:TERM@120 warning: the batch shell is warned
+    slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=1")
+    wait_ended(slurm, job, 100)
+    wait_no_processes(job, 30)
+    out = (tmp_path / "job.out").read_text()
+    assert "got SIGTERM" in out, out
+    for node in ("n1", "n2", "n3"):
+        log = run / "logs" / f"server-{node}-0.log"
+        # SIGTERM, not SIGKILL: the server ran its orderly shutdown to the end
+        assert _stamp(log, "signal received") <= _stamp(log, "stopped cleanly")
+    servers_done = max(_stamp(run / "logs" / f"node-servers-{i}.log", "all stopped")
+                       for i in range(3))  # fmt: skip
+    llms_told = _stamp(run / "logs" / "node-llms-0.log", "signal received")
+    assert servers_done <= llms_told, (servers_done, llms_told)
