@@ -18,8 +18,9 @@ SCRIPTED_LLM = f"{PRORL} scripted-llm --host {{host}} --port {{port}}"
 def submit(slurm: PrivateSlurm, cwd: Path, env: dict[str, str], *args: str) -> str:
     """``sbatch [args] prorl.sbatch`` from ``cwd`` with ``env`` added; returns the job id."""
     full = {**slurm.env, "PRORL_BIN": PRORL, **env}
-    out = _run(slurm, full, cwd, "sbatch", "--parsable", "-o", str(cwd / "job.out"), *args,
-               str(SBATCH))  # fmt: skip
+    out = _run(
+        slurm, full, cwd, "sbatch", "--parsable", "-o", str(cwd / "job.out"), *args, str(SBATCH)
+    )
     return out.strip().split(";")[0]
 
 
@@ -79,5 +80,8 @@ def job_processes(job: str) -> dict[int, str]:
 
 
 def wait_no_processes(job: str, timeout: float) -> float:
-    return wait_for(lambda: not job_processes(job), timeout,
-                    lambda: f"no process of job {job} left: {job_processes(job)}")  # fmt: skip
+    return wait_for(
+        lambda: not job_processes(job),
+        timeout,
+        lambda: f"no process of job {job} left: {job_processes(job)}",
+    )

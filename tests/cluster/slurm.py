@@ -64,9 +64,19 @@ class PrivateSlurm:
     def _start_munge(self) -> None:
         m = self.base / "munge"
         subprocess.run(["mungekey", "-c", "-f", "-k", str(m / "munge.key")], check=True)
-        self._spawn("munged", ["munged", "-F", "-S", str(self.socket),
-                               f"--key-file={m / 'munge.key'}", f"--pid-file={m / 'munged.pid'}",
-                               f"--log-file={m / 'munged.log'}", f"--seed-file={m / 'seed'}"])  # fmt: skip
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "-F",
+                "-S",
+                str(self.socket),
+                f"--key-file={m / 'munge.key'}",
+                f"--pid-file={m / 'munged.pid'}",
+                f"--log-file={m / 'munged.log'}",
+                f"--seed-file={m / 'seed'}",
+            ],
+        )
         deadline = time.monotonic() + 20
         while not self._munge_ok():
             if time.monotonic() > deadline:
@@ -77,8 +87,9 @@ class PrivateSlurm:
         cred = subprocess.run(["munge", "-n", "-S", str(self.socket)], capture_output=True)
         if cred.returncode != 0:
             return False
-        check = subprocess.run(["unmunge", "-S", str(self.socket)], input=cred.stdout,
-                               capture_output=True)  # fmt: skip
+        check = subprocess.run(
+            ["unmunge", "-S", str(self.socket)], input=cred.stdout, capture_output=True
+        )
         return check.returncode == 0
 
     def _write_conf(self) -> None:
@@ -118,8 +129,14 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def _spawn(self, name: str, argv: list[str]) -> None:
         with open(self.base / "log" / f"{name}.stderr", "ab") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                    env=self.env, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                env=self.env,
+                start_new_session=True,
+            )
         self._daemons.append(proc)
 
     def _wait_idle(self, timeout: float) -> None:
@@ -144,8 +161,9 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command against this Slurm."""
-        return subprocess.run(argv, env=self.env, capture_output=True, text=True, check=check,
-                              timeout=60)  # fmt: skip
+        return subprocess.run(
+            argv, env=self.env, capture_output=True, text=True, check=check, timeout=60
+        )
 
     def stop(self) -> None:
         """Cancel every job, then stop the daemons by pid (SIGTERM, then SIGKILL)."""

@@ -10,10 +10,16 @@ from prorl_async.cluster import LLMEntry, ServerEntry, assign
 
 
 def _layout(servers_per_node: list[int], llms_per_node: list[int]):  # type: ignore[no-untyped-def]
-    servers = [ServerEntry(f"http://n{n}:{9000 + i}", f"n{n}")
-               for n, k in enumerate(servers_per_node) for i in range(k)]  # fmt: skip
-    llms = [LLMEntry(f"http://n{n}:{8000 + i}/v1", f"n{n}")
-            for n, k in enumerate(llms_per_node) for i in range(k)]  # fmt: skip
+    servers = [
+        ServerEntry(f"http://n{n}:{9000 + i}", f"n{n}")
+        for n, k in enumerate(servers_per_node)
+        for i in range(k)
+    ]
+    llms = [
+        LLMEntry(f"http://n{n}:{8000 + i}/v1", f"n{n}")
+        for n, k in enumerate(llms_per_node)
+        for i in range(k)
+    ]
     return servers, llms
 
 
@@ -67,8 +73,10 @@ def test_llms_on_serverless_nodes_go_to_the_fewest() -> None:
 
 def test_no_llms_and_fewer_llms_than_servers() -> None:
     assert assign(*_layout([2, 1], [0, 0])) == {
-        "http://n0:9000": [], "http://n0:9001": [], "http://n1:9000": []
-    }  # fmt: skip
+        "http://n0:9000": [],
+        "http://n0:9001": [],
+        "http://n1:9000": [],
+    }
     out = _check_rule(*_layout([1, 1, 1], [0, 0, 1]))
     assert out["http://n2:9000"] == ["http://n2:8000/v1"]
 

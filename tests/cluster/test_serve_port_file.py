@@ -21,10 +21,20 @@ async def _healthz(url: str) -> int:
 async def test_port_file_names_the_listening_port(tmp_path: Path) -> None:
     port_file = tmp_path / "port"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prorl_async.cli", "serve", "--host", "localhost", "--port", "0",
-        "--port-file", str(port_file), "--state-dir", str(tmp_path / "state"),
+        sys.executable,
+        "-m",
+        "prorl_async.cli",
+        "serve",
+        "--host",
+        "localhost",
+        "--port",
+        "0",
+        "--port-file",
+        str(port_file),
+        "--state-dir",
+        str(tmp_path / "state"),
         env={**os.environ, "PRORL_TOKEN": "s3cret"},
-    )  # fmt: skip
+    )
     try:
         await eventually(port_file.exists, timeout=30)
         port = int(port_file.read_text())

@@ -38,14 +38,21 @@ def _tasks(path: Path, n: int) -> Path:
 
 
 def _llm_env(llm_cmd: str = SCRIPTED_LLM) -> dict[str, str]:
-    return {"PRORL_LLM_CMD": llm_cmd, "PRORL_LLM_NODES": "n[1-2]", "PRORL_LLMS_PER_NODE": "2",
-            "PRORL_TOKEN": TOKEN, "PRORL_START_TIMEOUT_S": "90"}  # fmt: skip
+    return {
+        "PRORL_LLM_CMD": llm_cmd,
+        "PRORL_LLM_NODES": "n[1-2]",
+        "PRORL_LLMS_PER_NODE": "2",
+        "PRORL_TOKEN": TOKEN,
+        "PRORL_START_TIMEOUT_S": "90",
+    }
 
 
 def _collect(tmp: Path, batches: int) -> str:
     tasks = _tasks(tmp / "tasks.jsonl", 16)
-    return (f"{PRORL} collect --cluster \"$PRORL_CLUSTER\" --tasks {tasks} --group-size 4 "
-            f"--batch-groups 8 --batches {batches} --filter none --output {tmp / 'out.jsonl'}")  # fmt: skip
+    return (
+        f'{PRORL} collect --cluster "$PRORL_CLUSTER" --tasks {tasks} --group-size 4 '
+        f"--batch-groups 8 --batches {batches} --filter none --output {tmp / 'out.jsonl'}"
+    )
 
 
 def _check_tokens(result: dict[str, Any]) -> None:
@@ -62,8 +69,11 @@ def _check_tokens(result: dict[str, Any]) -> None:
 
 
 def test_three_nodes_collect_node_local_assignment(slurm: PrivateSlurm, tmp_path: Path) -> None:
-    env = {**_llm_env(), "PRORL_STATE_ROOT": str(tmp_path / "state"),
-           "PRORL_TRAINER_CMD": _collect(tmp_path, 2)}  # fmt: skip
+    env = {
+        **_llm_env(),
+        "PRORL_STATE_ROOT": str(tmp_path / "state"),
+        "PRORL_TRAINER_CMD": _collect(tmp_path, 2),
+    }
     job = submit(slurm, tmp_path, env, "-N", "3")
     assert wait_ended(slurm, job, 120) == "COMPLETED", (tmp_path / "job.out").read_text()
     assert job_field(slurm, job, "ExitCode") == "0:0"
@@ -83,8 +93,11 @@ def test_three_nodes_collect_node_local_assignment(slurm: PrivateSlurm, tmp_path
     assert sorted(by_node["n3"]) in (["n1"], ["n2"]), by_node  # the LLM-less node: remote
     assert sorted(by_node["n1"] + by_node["n2"]).count("n1") >= 1
     assert all(set(by_node[n]) == {n} for n in ("n1", "n2")), by_node  # others: local only
-    results = [r for line in (tmp_path / "out.jsonl").read_text().splitlines()
-               for r in json.loads(line)["results"]]  # fmt: skip
+    results = [
+        r
+        for line in (tmp_path / "out.jsonl").read_text().splitlines()
+        for r in json.loads(line)["results"]
+    ]
     assert len(results) >= 60
     used = {t["backend"] for r in results for t in r["turns"] if t["role"] == "assistant"}
     assert used == set(node_of), "every backend served requests"
@@ -119,12 +132,18 @@ def _status_without_token(url: str) -> int:
 def test_scancel_mid_run_leaves_nothing(slurm: PrivateSlurm, tmp_path: Path) -> None:
     slow_llm = f"{SCRIPTED_LLM} --ttft 0.5"
     state = tmp_path / "state"
-    env = {**_llm_env(slow_llm), "PRORL_STATE_ROOT": str(state),
-           "PRORL_TRAINER_CMD": _collect(tmp_path, 100)}  # fmt: skip
+    env = {
+        **_llm_env(slow_llm),
+        "PRORL_STATE_ROOT": str(state),
+        "PRORL_TRAINER_CMD": _collect(tmp_path, 100),
+    }
     job = submit(slurm, tmp_path, env, "-N", "3")
     cluster = tmp_path / f"prorl-{job}" / "cluster.json"
-    wait_for(lambda: cluster.exists() and len(_sandbox_records(state)) >= 3, 90,
-             lambda: f"rollouts running; job.out: {(tmp_path / 'job.out').read_text()}")  # fmt: skip
+    wait_for(
+        lambda: cluster.exists() and len(_sandbox_records(state)) >= 3,
+        90,
+        lambda: f"rollouts running; job.out: {(tmp_path / 'job.out').read_text()}",
+    )
     spec = load_spec(cluster.read_bytes())
     # the token reached the servers through the environment only
     assert all(_status_without_token(s.url) == 401 for s in spec.servers)
@@ -139,10 +158,13 @@ def test_scancel_mid_run_leaves_nothing(slurm: PrivateSlurm, tmp_path: Path) -> 
 def test_llm_that_exits_at_once_fails_fast_with_its_log(
     slurm: PrivateSlurm, tmp_path: Path
 ) -> None:
-    env = {**_llm_env("sh -c 'echo cannot load the model on port {port} >&2; exit 3'"),
-           "PRORL_LLM_NODES": "n2", "PRORL_LLMS_PER_NODE": "1",
-           "PRORL_STATE_ROOT": str(tmp_path / "state"),
-           "PRORL_TRAINER_CMD": f"touch {tmp_path / 'trainer-ran'}"}  # fmt: skip
+    env = {
+        **_llm_env("sh -c 'echo cannot load the model on port {port} >&2; exit 3'"),
+        "PRORL_LLM_NODES": "n2",
+        "PRORL_LLMS_PER_NODE": "1",
+        "PRORL_STATE_ROOT": str(tmp_path / "state"),
+        "PRORL_TRAINER_CMD": f"touch {tmp_path / 'trainer-ran'}",
+    }
     job = submit(slurm, tmp_path, env, "-N", "3")
     assert wait_ended(slurm, job, 60) == "FAILED"
     wait_no_processes(job, 30)
@@ -168,8 +190,12 @@ def _stamp(log: Path, text: str) -> str:
 
 
 def test_time_limit_stops_servers_gracefully_then_llms(slurm: PrivateSlurm, tmp_path: Path) -> None:
-    env = {**_llm_env(), "PRORL_LLM_NODES": "n1", "PRORL_LLMS_PER_NODE": "1",
-           "PRORL_STATE_ROOT": str(tmp_path / "state")}  # fmt: skip
+    env = {
+        **_llm_env(),
+        "PRORL_LLM_NODES": "n1",
+        "PRORL_LLMS_PER_NODE": "1",
+        "PRORL_STATE_ROOT": str(tmp_path / "state"),
+    }
     job = submit(slurm, tmp_path, env, "-N", "3", "--time=10")
     run = tmp_path / f"prorl-{job}"
     wait_for((run / "cluster.json").exists, 90, lambda: (tmp_path / "job.out").read_text())
@@ -183,7 +209,8 @@ def test_time_limit_stops_servers_gracefully_then_llms(slurm: PrivateSlurm, tmp_
         log = run / "logs" / f"server-{node}-0.log"
         # SIGTERM, not SIGKILL: the server ran its orderly shutdown to the end
         assert _stamp(log, "signal received") <= _stamp(log, "stopped cleanly")
-    servers_done = max(_stamp(run / "logs" / f"node-servers-{i}.log", "all stopped")
-                       for i in range(3))  # fmt: skip
+    servers_done = max(
+        _stamp(run / "logs" / f"node-servers-{i}.log", "all stopped") for i in range(3)
+    )
     llms_told = _stamp(run / "logs" / "node-llms-0.log", "signal received")
     assert servers_done <= llms_told, (servers_done, llms_told)
