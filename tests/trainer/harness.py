@@ -34,9 +34,7 @@ async def rig(
         started = await asyncio.gather(
             *(
                 stack.enter_async_context(
-                    server_process(
-                        tmp_path / f"server{i}", {}, "--run-workers", str(run_workers)
-                    )
+                    server_process(tmp_path / f"server{i}", {}, "--run-workers", str(run_workers))
                 )
                 for i in range(servers)
             )
