@@ -21,7 +21,7 @@ from pathlib import Path
 from prorl_async.cluster import _slurm
 from prorl_async.cluster.assign import assign
 from prorl_async.cluster.bringup import BringUp, StartupError, bring_up, token_from_env
-from prorl_async.cluster.node import NodeChildren, llm_children, server_children
+from prorl_async.cluster.node import NodeChildren, llm_children, node_gpus, server_children
 from prorl_async.cluster.spec import dump_spec, load_spec
 
 __all__ = ["build_parser", "main"]
@@ -103,7 +103,7 @@ def _node(args: argparse.Namespace) -> int:
             raise ValueError("--llm-cmd (or PRORL_LLM_CMD) is empty")
         children = llm_children(node=args.node, addr=addr, count=args.count,
                                 run_dir=args.run_dir, template=args.llm_cmd,
-                                gpus=_gpus())  # fmt: skip
+                                gpus=node_gpus(os.environ))  # fmt: skip
     return asyncio.run(_run_node(NodeChildren(children, args.run_dir, args.grace_s)))
 
 
@@ -127,6 +127,7 @@ async def _run_node(children: NodeChildren) -> int:
             await asyncio.wait({watch, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             stopped.cancel()
+            await asyncio.wait({stopped})  # reaped; wait() does not raise its cancellation
         if watch.done():
             _say("every process exited on its own")
             return watch.result()
@@ -134,12 +135,6 @@ async def _run_node(children: NodeChildren) -> int:
         await children.aclose()
         _say("all stopped")
         return await watch
-
-
-def _gpus() -> list[str]:
-    """The GPUs Slurm gave this step (``CUDA_VISIBLE_DEVICES``), else none."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    return [g for g in visible.split(",") if g.strip()]
 
 
 def _bringup(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ from prorl_async.client import RolloutClient
 from prorl_async.cluster.assign import assign
 from prorl_async.cluster.spec import ClusterSpec, LLMEntry, ServerEntry, dump_spec
 
-__all__ = ["BringUp", "StartupError", "bring_up", "log_tail"]
+__all__ = ["BringUp", "StartupError", "bring_up", "log_tail", "token_from_env"]
 
 _TAIL_LINES = 30
 

@@ -14,8 +14,10 @@ import asyncio
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,7 +27,15 @@ import msgspec
 
 from prorl_async._resource import AsyncResource
 
-__all__ = ["Child", "NodeChildren", "llm_children", "server_children", "split_gpus"]
+__all__ = [
+    "Child",
+    "NodeChildren",
+    "free_ports",
+    "llm_children",
+    "node_gpus",
+    "server_children",
+    "split_gpus",
+]
 
 _encoder = msgspec.json.Encoder()
 
@@ -82,6 +92,21 @@ def llm_children(
         out.append(Child(name, argv, run_dir / "logs" / f"{name}.log", node, env=env,
                          address=address))  # fmt: skip
     return out
+
+
+def node_gpus(env: Mapping[str, str]) -> list[str]:
+    """This step's GPUs: ``CUDA_VISIBLE_DEVICES`` as Slurm set it, else every GPU
+    ``nvidia-smi -L`` lists, else none."""
+    if "CUDA_VISIBLE_DEVICES" in env:
+        return [g.strip() for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    lines = [line for line in done.stdout.splitlines() if line.startswith("GPU ")]
+    return [str(i) for i in range(len(lines))] if done.returncode == 0 else []
 
 
 def split_gpus(gpus: list[str], count: int) -> list[list[str]]:
@@ -164,10 +189,10 @@ class NodeChildren(AsyncResource):
 
     async def _announce_server(self, child: Child, proc: asyncio.subprocess.Process) -> None:
         assert child.port_file is not None
-        # No event to await from another process: poll its port file while it lives.
-        while proc.returncode is None and not child.port_file.exists():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(proc.wait()), 0.1)
+        # No event to await from another process: poll its port file while it lives
+        # (returncode is set by the loop's child watcher as soon as it exits).
+        while proc.returncode is None and not child.port_file.exists():  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
         if proc.returncode is None:
             port = int(child.port_file.read_text())
             url = f"http://{_url_host(child.host)}:{port}"

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from prorl_async.cluster.node import split_gpus
+from prorl_async.cluster.node import node_gpus, split_gpus
 
 CLI = [sys.executable, "-m", "prorl_async.cli", "cluster"]
 
@@ -123,3 +123,8 @@ def test_split_gpus() -> None:
     assert split_gpus(["0", "1", "2", "3"], 2) == [["0", "1"], ["2", "3"]]
     assert split_gpus(["0", "1", "2", "3"], 3) == [["0"], ["1"], ["2"]]
     assert split_gpus(["0"], 2) == [["0"], ["0"]]
+
+
+def test_node_gpus_follow_slurm_cuda_visible_devices() -> None:
+    assert node_gpus({"CUDA_VISIBLE_DEVICES": "2,3"}) == ["2", "3"]
+    assert node_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
