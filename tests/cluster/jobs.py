@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -18,15 +19,11 @@ SCRIPTED_LLM = f"{PRORL} scripted-llm --host {{host}} --port {{port}}"
 def submit(slurm: PrivateSlurm, cwd: Path, env: dict[str, str], *args: str) -> str:
     """``sbatch [args] prorl.sbatch`` from ``cwd`` with ``env`` added; returns the job id."""
     full = {**slurm.env, "PRORL_BIN": PRORL, **env}
-    out = _run(
-        slurm, full, cwd, "sbatch", "--parsable", "-o", str(cwd / "job.out"), *args, str(SBATCH)
-    )
+    out = _run(full, cwd, "sbatch", "--parsable", "-o", str(cwd / "job.out"), *args, str(SBATCH))
     return out.strip().split(";")[0]
 
 
-def _run(slurm: PrivateSlurm, env: dict[str, str], cwd: Path, *argv: str) -> str:
-    import subprocess
-
+def _run(env: dict[str, str], cwd: Path, *argv: str) -> str:
     done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, f"{argv}: {done.stderr}"
     return done.stdout

@@ -121,6 +121,12 @@ def _sandbox_records(state: Path) -> list[Path]:
     return sorted(state.glob("*/sandboxes/*.json"))
 
 
+def _status(url: str) -> dict[str, Any]:
+    request = urllib.request.Request(f"{url}/status", headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        return dict(json.load(resp))
+
+
 def _status_without_token(url: str) -> int:
     try:
         with urllib.request.urlopen(f"{url}/status", timeout=10) as resp:
@@ -148,6 +154,11 @@ def test_scancel_mid_run_leaves_nothing(slurm: PrivateSlurm, tmp_path: Path) -> 
     # the token reached the servers through the environment only
     assert all(_status_without_token(s.url) == 401 for s in spec.servers)
     assert not [cmd for cmd in job_processes(job).values() if TOKEN in cmd]
+    # each server has exactly the backends cluster.json assigns it, with weight version 0
+    for server in spec.servers:
+        backends = _status(server.url)["backends"]
+        assert sorted(b["address"] for b in backends) == sorted(spec.assignment[server.url])
+        assert {b["weight_version"] for b in backends} == {0}
     slurm.run("scancel", job)
     took = wait_no_processes(job, 30)
     assert _sandbox_records(state) == []
