@@ -51,6 +51,7 @@ class Child:
     env: Mapping[str, str] = field(default_factory=dict)
     # A rollout server: the URL is known once it writes this file.
     port_file: Path | None = None
+    state_dir: Path | None = None
     host: str = ""
     # An LLM: its address is known before it starts.
     address: str | None = None
@@ -68,7 +69,7 @@ def server_children(
                 "--port-file", str(port_file), "--state-dir", str(state_root / name),
                 *shlex.split(extra_args)]  # fmt: skip
         out.append(Child(name, argv, run_dir / "logs" / f"{name}.log", node,
-                         port_file=port_file, host=addr))  # fmt: skip
+                         port_file=port_file, state_dir=state_root / name, host=addr))  # fmt: skip
     return out
 
 
@@ -152,6 +153,8 @@ class NodeChildren(AsyncResource):
         self._dir.mkdir(parents=True, exist_ok=True)
         for child in self._children:
             child.log.parent.mkdir(parents=True, exist_ok=True)
+            if child.state_dir is not None:
+                child.state_dir.mkdir(parents=True, exist_ok=True)
             self._procs[child.name] = await self._spawn(child)
             if child.address is not None:
                 self._announce(child, {"address": child.address, "node": child.node})

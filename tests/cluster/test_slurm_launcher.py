@@ -225,3 +225,26 @@ def test_time_limit_stops_servers_gracefully_then_llms(slurm: PrivateSlurm, tmp_
     )
     llms_told = _stamp(run / "logs" / "node-llms-0.log", "signal received")
     assert servers_done <= llms_told, (servers_done, llms_told)
+
+
+def test_job_exit_status_is_the_trainers_and_state_is_node_local(
+    slurm: PrivateSlurm, tmp_path: Path
+) -> None:
+    # no LLMs (the trainer brings its own); state root defaults to $TMPDIR/prorl-$SLURM_JOB_ID
+    env = {
+        "TMPDIR": str(tmp_path / "nodetmp"),
+        "PRORL_SERVERS_PER_NODE": "2",
+        "PRORL_TRAINER_CMD": 'test -s "$PRORL_CLUSTER" && exit 7',
+    }
+    (tmp_path / "nodetmp").mkdir()
+    job = submit(slurm, tmp_path, env, "-N", "3")
+    assert wait_ended(slurm, job, 90) == "FAILED"
+    assert job_field(slurm, job, "ExitCode") == "7:0"
+    wait_no_processes(job, 30)
+    spec = load_spec((tmp_path / f"prorl-{job}" / "cluster.json").read_bytes())
+    assert len(spec.servers) == 6 and spec.llms == []
+    assert spec.assignment == {s.url: [] for s in spec.servers}
+    state = tmp_path / "nodetmp" / f"prorl-{job}"
+    assert sorted(p.name for p in state.iterdir()) == [
+        f"server-{n}-{i}" for n in ("n1", "n2", "n3") for i in (0, 1)
+    ]
