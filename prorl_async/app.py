@@ -47,9 +47,17 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 def _bind(host: str, port: int) -> socket.socket:
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    # host may be an IPv4/IPv6 literal or a name (a Slurm NodeAddr can be either).
+    family, *_, addr = socket.getaddrinfo(
+        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
+    try:
+        sock.bind(addr)
+    except OSError:
+        sock.close()
+        raise
     sock.setblocking(False)
     return sock
 

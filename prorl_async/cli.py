@@ -14,7 +14,8 @@ __all__ = ["main"]
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("serve", help="run the rollout server")
     p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8400)")
+    p.add_argument("--port", type=int, help="port (default 8400; 0 picks a free one)")
+    p.add_argument("--port-file", help="write the bound port here once listening")
     p.add_argument("--config", help="TOML file with ServerConfig fields")
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN'")
     p.add_argument("--init-workers", type=int)
@@ -33,6 +34,7 @@ def _serve(args: argparse.Namespace) -> int:
     keys = (
         "host",
         "port",
+        "port_file",
         "token",
         "init_workers",
         "run_workers",
@@ -60,6 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("scripted-llm", "run the scripted LLM test double (vLLM/SGLang protocol)"),
         ("build-image", "build an Apptainer .sif from a template in sif_templates/"),
         ("demo", "run the demo: server + scripted LLM + a task mix, print a summary"),
+        ("cluster", "multi-node: backend assignment, Slurm node launcher and bring-up"),
         ("collect", "fill GRPO batches from rollout servers (trainer-side smoke test)"),
     ):
         sub.add_parser(name, help=text, add_help=False)
@@ -78,6 +81,7 @@ def _delegate(command: str, rest: list[str]) -> int:
         "scripted-llm": "prorl_async.scripted_llm",
         "build-image": "prorl_async.images",
         "demo": "prorl_async.demo",
+        "cluster": "prorl_async.cluster._cli",
         "collect": "prorl_async.trainer.collect",
     }[command]
     run = importlib.import_module(module).main

@@ -31,6 +31,8 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     host: str = "127.0.0.1"
     port: int = 8400
+    # Once listening, the bound port is written here (atomically): for ``--port 0``.
+    port_file: str | None = None
     token: str | None = None
     state_dir: str = msgspec.field(default_factory=default_state_dir)
     init_workers: int = 8

@@ -5,14 +5,17 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 import signal
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import uvloop
 
 from prorl_async.app import run_server
 from prorl_async.config import ServerConfig
 
-__all__ = ["serve", "serve_forever"]
+__all__ = ["serve", "serve_forever", "write_port_file"]
 
 log = logging.getLogger("prorl_async")
 
@@ -28,6 +31,8 @@ async def serve_forever(config: ServerConfig, ready: asyncio.Event | None = None
     try:
         async with run_server(config) as (_, url):
             log.info("prorl-async listening on %s (state dir %s)", url, config.state_dir)
+            if config.port_file is not None:
+                write_port_file(config.port_file, urlsplit(url).port or 0)
             if ready is not None:
                 ready.set()
             await stop.wait()
@@ -36,6 +41,14 @@ async def serve_forever(config: ServerConfig, ready: asyncio.Event | None = None
         for sig in signals:
             loop.remove_signal_handler(sig)
     log.info("stopped cleanly")
+
+
+def write_port_file(path: str, port: int) -> None:
+    """Write ``port`` to ``path`` atomically: a reader sees the whole number or no file."""
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(f"{port}\n")
+    os.replace(tmp, target)
 
 
 def serve(config: ServerConfig) -> int:
