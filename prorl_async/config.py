@@ -46,6 +46,14 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Ids of cancelled jobs are remembered this long so a late resubmit cannot resurrect them.
     tombstone_s: float = 86_400.0
     max_body_bytes: int = 8 * 1024 * 1024
+    # A request's header block, and its body, must arrive within this many seconds;
+    # a connection that sends nothing is closed after it. A long-poll is not cut.
+    read_timeout_s: float = 30.0
+    # An idle keep-alive connection is closed after this many seconds.
+    keepalive_s: float = 75.0
+    # Open connections at once; beyond it a new one is answered 503 and closed. Lowered
+    # at start to leave 512 descriptors free under the open-file limit (raised to its hard limit).
+    max_connections: int = 10_000
     max_batch: int = 10_000
     # Seconds given to stage tasks to release their resources at stop.
     stop_grace_s: float = 30.0
@@ -107,11 +115,12 @@ def load_config(
 
 
 def _check(cfg: ServerConfig) -> None:
-    for name in ("init_workers", "run_workers", "eval_workers", "max_jobs", "max_batch"):
+    counts = ("init_workers", "run_workers", "eval_workers", "max_jobs", "max_batch")
+    for name in (*counts, "max_connections"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.runtime not in ("auto", "bwrap", "apptainer", "local"):
         raise ConfigError(f"runtime must be auto, bwrap, apptainer or local, got {cfg.runtime!r}")
-    for name in ("default_timeout_s", "max_wait_s", "retention_s"):
+    for name in ("default_timeout_s", "max_wait_s", "retention_s", "read_timeout_s", "keepalive_s"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
 
-from prorl_async.errors import BadRequest, NotFound, PayloadTooLarge, Unavailable, Unprocessable
+from prorl_async.errors import (
+    BadRequest,
+    NotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    Unavailable,
+    Unprocessable,
+)
 from prorl_async.openapi import openapi_document
 from prorl_async.schemas import (
     AddLLMServerRequest,
@@ -49,14 +57,26 @@ def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=_encoder.encode(obj), status=status, content_type="application/json")
 
 
+async def _read(request: web.Request) -> bytes:
+    limit = _service(request).config.read_timeout_s
+    try:
+        async with asyncio.timeout(limit):
+            return await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"request body not received within {limit} s") from None
+
+
 async def _decode(request: web.Request, kind: type[T]) -> T:
-    body = await request.read()
+    body = await _read(request)
     try:
         result: T = _decoders[kind].decode(body)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        # msgspec recurses per nesting level; a hostile body must not reach a 500.
+        raise BadRequest("malformed JSON body: nested too deeply") from None
     return result
 
 
