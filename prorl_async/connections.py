@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-from typing import Any
+from typing import Any, cast
 
 from aiohttp import web
 
@@ -66,9 +66,9 @@ class _Refused(asyncio.Protocol):
     """A connection over the cap: answer 503 and close without reading anything."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        transport.write(_REFUSAL % (len(_REFUSAL_BODY), _REFUSAL_BODY))
-        transport.close()
+        writer = cast(asyncio.Transport, transport)  # uvloop's are not asyncio subclasses
+        writer.write(_REFUSAL % (len(_REFUSAL_BODY), _REFUSAL_BODY))
+        writer.close()
 
 
 class _GuardedHandler(web.RequestHandler):
