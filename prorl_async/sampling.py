@@ -55,8 +55,9 @@ def check_sampling_params(params: dict[str, Any]) -> None:
 
 
 def _message(message: str) -> str:
-    # msgspec says "Expected `int`, got `str` - at `$.max_tokens`": name the field as sent.
-    message = message.replace("$.", "sampling_params.").replace("at `$`", "at `sampling_params`")
-    if "unknown field" in message:
-        message = f"sampling_params: {message} (accepted: {_FIELDS})"
-    return message
+    # msgspec says "Expected `int`, got `str` - at `$.max_tokens`": lead with the field.
+    text, at, path = message.partition(" - at `")
+    field = path.rstrip("`").replace("$", "sampling_params", 1) if at else "sampling_params"
+    if "unknown field" in text:
+        text += f" (accepted: {_FIELDS})"
+    return f"{field}: {text}"
