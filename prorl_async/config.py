@@ -31,7 +31,10 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     host: str = "127.0.0.1"
     port: int = 8400
+    # Bearer token; prefer PRORL_TOKEN or token_file to a flag (flags show in `ps`).
     token: str | None = None
+    # A file holding the token (surrounding whitespace dropped); exclusive with token.
+    token_file: str | None = None
     state_dir: str = msgspec.field(default_factory=default_state_dir)
     init_workers: int = 8
     run_workers: int = 64
@@ -111,7 +114,22 @@ def load_config(
     except (msgspec.ValidationError, ValueError) as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
     _check(cfg)
+    if cfg.token_file is not None:
+        cfg = msgspec.structs.replace(cfg, token=_read_token(cfg))
     return cfg
+
+
+def _read_token(cfg: ServerConfig) -> str:
+    assert cfg.token_file is not None
+    if cfg.token is not None:
+        raise ConfigError("token and token_file are both set: give one of them")
+    try:
+        token = Path(cfg.token_file).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"token_file {cfg.token_file}: {exc}") from exc
+    if not token:
+        raise ConfigError(f"token_file {cfg.token_file}: the file is empty")
+    return token
 
 
 def _check(cfg: ServerConfig) -> None:

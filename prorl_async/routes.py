@@ -161,9 +161,9 @@ async def delete_job(request: web.Request) -> web.Response:
 @routes.post("/cancel")
 async def cancel(request: web.Request) -> web.Response:
     req = await _decode(request, CancelRequest)
-    ids = ([req.job_id] if req.job_id is not None else []) + (req.job_ids or [])
-    if req.job_id is None and req.job_ids is None:
-        raise BadRequest("job_id or job_ids: give one of them")
+    if (req.job_id is None) == (req.job_ids is None):
+        raise BadRequest("job_id or job_ids: give one of them, not both")
+    ids = [req.job_id] if req.job_id is not None else req.job_ids or []
     return _json(await _service(request).cancel(ids))
 
 
@@ -246,4 +246,4 @@ async def healthz(request: web.Request) -> web.Response:
 
 @routes.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
-    return _json(openapi_document())
+    return _json(openapi_document(tuple(_service(request).registry.names())))
