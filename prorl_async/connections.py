@@ -90,8 +90,10 @@ class _GuardedHandler(web.RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if data and self._deadline is None:
-            self._arm()  # the first bytes of a request: its headers are now due
+        if data and self._deadline is None and self._waiter is not None:
+            # The first bytes of a request between requests: its headers are now due.
+            # (Body bytes arrive while a request is handled: no deadline from them.)
+            self._arm()
         super().data_received(data)
         if self._messages:
             self._disarm()  # a whole header block arrived
