@@ -7,8 +7,8 @@ __all__ = [
     "Conflict",
     "NotFound",
     "PayloadTooLarge",
-    "RequestTimeout",
     "ProblemError",
+    "RequestTimeout",
     "Unauthorized",
     "Unavailable",
     "Unprocessable",
@@ -49,7 +49,6 @@ class RequestTimeout(ProblemError):
 
     status = 408
     title = "Request Timeout"
-
     close_connection = True
 
 

@@ -40,12 +40,12 @@ async def test_over_deep_json_is_400(make_server: ServerFactory, path: str, dept
 
 async def test_deep_but_decodable_json_round_trips(make_server: ServerFactory) -> None:
     async with make_server() as srv:
-        body = b'{"task": "sleep", "instance": {"run_s": 0}, "metadata": ' + _deep(200) + b"}"
+        body = b'{"task": "sleep", "instance": {"run_s": 0}, "metadata": ' + _deep(800) + b"}"
         status, _, doc = await _post(srv.url + "/process", body)
         assert status == 202
         result = await srv.client.result(doc["job_id"], wait=30)
         assert result is not None and result["status"] == "done"
-        assert result["metadata"] == msgspec.json.decode(_deep(200))
+        assert result["metadata"] == msgspec.json.decode(_deep(800))
 
 
 async def _raw(url: str, request: bytes) -> bytes:
