@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import logging
 import socket
 from collections.abc import AsyncIterator
@@ -10,14 +12,17 @@ from contextlib import asynccontextmanager
 from aiohttp import web
 
 from prorl_async.config import ServerConfig
+from prorl_async.connections import ConnectionGuard, clamp_connections
 from prorl_async.handler import HandlerRegistry
 from prorl_async.middleware import MAX_BODY, error_middleware, make_auth_middleware
 from prorl_async.routes import SERVICE, routes
 from prorl_async.service import RolloutService
 
-__all__ = ["build_app", "run_server"]
+__all__ = ["CONNECTIONS", "build_app", "run_server"]
 
 log = logging.getLogger(__name__)
+
+CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 
 
 def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> web.Application:
@@ -29,6 +34,14 @@ def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> 
     app[MAX_BODY] = config.max_body_bytes
     service = RolloutService(config, registry)
     app[SERVICE] = service
+    app[CONNECTIONS] = ConnectionGuard(
+        max_connections=clamp_connections(config.max_connections),
+        read_timeout_s=config.read_timeout_s,
+        keepalive_timeout=config.keepalive_s,
+        # Unread bodies are drained this long before close, no longer than a read may take.
+        lingering_time=min(10.0, config.read_timeout_s),
+        access_log=None,
+    )
     app.add_routes(routes)
     app.cleanup_ctx.append(_service_ctx)
     return app
@@ -76,14 +89,23 @@ async def run_server(
     await runner.setup()
     try:
         sock = _bind(config.host, config.port)
-        site = web.SockSite(runner, sock)
         try:
-            await site.start()
+            listener = await _listen(runner, sock)
         except BaseException:
             sock.close()
             raise
-        host, port = sock.getsockname()[:2]
-        url_host = f"[{host}]" if ":" in host else host
-        yield app, f"http://{url_host}:{port}"
+        try:
+            host, port = sock.getsockname()[:2]
+            url_host = f"[{host}]" if ":" in host else host
+            yield app, f"http://{url_host}:{port}"
+        finally:
+            listener.close()  # stop intake; the runner then closes the connections
     finally:
         await runner.cleanup()
+
+
+async def _listen(runner: web.AppRunner, sock: socket.socket) -> asyncio.Server:
+    # Our own listener rather than a web.SockSite, so each connection gets a guarded handler.
+    assert runner.server is not None
+    factory = functools.partial(runner.app[CONNECTIONS].connect, runner.server)
+    return await asyncio.get_running_loop().create_server(factory, sock=sock, backlog=1024)

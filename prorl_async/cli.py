@@ -17,7 +17,12 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--port", type=int, help="port (default 8400; 0 picks a free one)")
     p.add_argument("--port-file", help="write the bound port here once listening")
     p.add_argument("--config", help="TOML file with ServerConfig fields")
-    p.add_argument("--token", help="require 'Authorization: Bearer TOKEN'")
+    p.add_argument(
+        "--token-file",
+        help="require 'Authorization: Bearer TOKEN', TOKEN read from this file "
+        "(or set PRORL_TOKEN)",
+    )
+    p.add_argument("--token", help="the token itself (shows in ps: prefer the above)")
     p.add_argument("--init-workers", type=int)
     p.add_argument("--run-workers", type=int)
     p.add_argument("--eval-workers", type=int)
@@ -25,6 +30,9 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--tokenizer", help="Hugging Face tokenizer directory (default: bundled demo)")
     p.add_argument("--runtime", help="sandbox runtime: auto|bwrap|apptainer|local")
     p.add_argument("--max-model-len", type=int)
+    p.add_argument("--read-timeout-s", type=float, help="headers and body must arrive within (30)")
+    p.add_argument("--keepalive-s", type=float, help="close idle keep-alive connections after (75)")
+    p.add_argument("--max-connections", type=int, help="open connections at once (10000)")
     p.add_argument("--log-level")
 
 
@@ -36,6 +44,7 @@ def _serve(args: argparse.Namespace) -> int:
         "port",
         "port_file",
         "token",
+        "token_file",
         "init_workers",
         "run_workers",
         "eval_workers",
@@ -43,6 +52,9 @@ def _serve(args: argparse.Namespace) -> int:
         "tokenizer",
         "runtime",
         "max_model_len",
+        "read_timeout_s",
+        "keepalive_s",
+        "max_connections",
         "log_level",
     )
     try:

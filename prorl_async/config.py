@@ -33,7 +33,10 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     port: int = 8400
     # Once listening, the bound port is written here (atomically): for ``--port 0``.
     port_file: str | None = None
+    # Bearer token; prefer PRORL_TOKEN or token_file to a flag (flags show in `ps`).
     token: str | None = None
+    # A file holding the token (surrounding whitespace dropped); exclusive with token.
+    token_file: str | None = None
     state_dir: str = msgspec.field(default_factory=default_state_dir)
     init_workers: int = 8
     run_workers: int = 64
@@ -48,6 +51,14 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Ids of cancelled jobs are remembered this long so a late resubmit cannot resurrect them.
     tombstone_s: float = 86_400.0
     max_body_bytes: int = 8 * 1024 * 1024
+    # A request's header block, and its body, must arrive within this many seconds;
+    # a connection that sends nothing is closed after it. A long-poll is not cut.
+    read_timeout_s: float = 30.0
+    # An idle keep-alive connection is closed after this many seconds.
+    keepalive_s: float = 75.0
+    # Open connections at once; beyond it a new one is answered 503 and closed. Lowered
+    # at start to leave 512 descriptors free under the open-file limit (raised to its hard limit).
+    max_connections: int = 10_000
     max_batch: int = 10_000
     # Seconds given to stage tasks to release their resources at stop.
     stop_grace_s: float = 30.0
@@ -105,15 +116,31 @@ def load_config(
     except (msgspec.ValidationError, ValueError) as exc:
         raise ConfigError(f"invalid configuration: {exc}") from exc
     _check(cfg)
+    if cfg.token_file is not None:
+        cfg = msgspec.structs.replace(cfg, token=_read_token(cfg))
     return cfg
 
 
+def _read_token(cfg: ServerConfig) -> str:
+    assert cfg.token_file is not None
+    if cfg.token is not None:
+        raise ConfigError("token and token_file are both set: give one of them")
+    try:
+        token = Path(cfg.token_file).read_text().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"token_file {cfg.token_file}: {exc}") from exc
+    if not token:
+        raise ConfigError(f"token_file {cfg.token_file}: the file is empty")
+    return token
+
+
 def _check(cfg: ServerConfig) -> None:
-    for name in ("init_workers", "run_workers", "eval_workers", "max_jobs", "max_batch"):
+    counts = ("init_workers", "run_workers", "eval_workers", "max_jobs", "max_batch")
+    for name in (*counts, "max_connections"):
         if getattr(cfg, name) < 1:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.runtime not in ("auto", "bwrap", "apptainer", "local"):
         raise ConfigError(f"runtime must be auto, bwrap, apptainer or local, got {cfg.runtime!r}")
-    for name in ("default_timeout_s", "max_wait_s", "retention_s"):
+    for name in ("default_timeout_s", "max_wait_s", "retention_s", "read_timeout_s", "keepalive_s"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")

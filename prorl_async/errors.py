@@ -8,6 +8,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "ProblemError",
+    "RequestTimeout",
     "Unauthorized",
     "Unavailable",
     "Unprocessable",
@@ -19,6 +20,8 @@ class ProblemError(Exception):
 
     status = 500
     title = "Internal Server Error"
+    # Answer, then close the connection (its request was not read to the end).
+    close_connection = False
 
     def __init__(self, detail: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
@@ -39,6 +42,14 @@ class Unauthorized(ProblemError):
 class NotFound(ProblemError):
     status = 404
     title = "Not Found"
+
+
+class RequestTimeout(ProblemError):
+    """The body did not arrive in time; the connection is closed after the answer."""
+
+    status = 408
+    title = "Request Timeout"
+    close_connection = True
 
 
 class Conflict(ProblemError):

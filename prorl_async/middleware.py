@@ -38,7 +38,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response: web.StreamResponse = await handler(request)
         return response
     except ProblemError as exc:
-        return problem_response(exc.status, exc.title, exc.detail, exc.headers)
+        problem = problem_response(exc.status, exc.title, exc.detail, exc.headers)
+        if exc.close_connection:
+            problem.force_close()
+        return problem
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -59,7 +62,8 @@ def make_auth_middleware(token: str | None) -> Middleware:
     @web.middleware
     async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         if expected is not None and request.path not in _OPEN_PATHS:
-            given = request.headers.get("Authorization", "").encode()
+            # Undecodable header bytes arrive as surrogates; they must fail the compare, not raise.
+            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(given, expected):
                 raise Unauthorized("missing or wrong bearer token in the Authorization header")
         response: web.StreamResponse = await handler(request)

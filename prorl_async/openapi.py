@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from prorl_async import __version__
+from prorl_async.sampling import SamplingParams
 from prorl_async.schemas import (
     AddLLMServerRequest,
     BatchRequest,
@@ -30,6 +31,7 @@ __all__ = ["openapi_document"]
 _REF = "#/components/schemas/{name}"
 _TYPES: list[Any] = [
     ProcessRequest,
+    SamplingParams,
     BatchRequest,
     PollRequest,
     CancelRequest,
@@ -75,7 +77,12 @@ def _op(summary: str, body: type[Any] | None, responses: dict[str, Any]) -> dict
 
 
 _JOB_ID = {"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}
-_WAIT = {"name": "wait", "in": "query", "required": False, "schema": {"type": "number"}}
+_WAIT = {
+    "name": "wait",
+    "in": "query",
+    "required": False,
+    "schema": {"type": "number", "minimum": 0},
+}
 
 
 def _paths() -> dict[str, Any]:
@@ -160,9 +167,34 @@ def _paths() -> dict[str, Any]:
     }
 
 
+def _one_field(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {name: schema},
+        "required": [name],
+        "additionalProperties": False,
+    }
+
+
+def _tighten(components: dict[str, Any], tasks: tuple[str, ...]) -> None:
+    # What the structs cannot say: the registered tasks, the checked sampling_params
+    # (validated at submit, 422) and /cancel's either-or body.
+    process = components["ProcessRequest"]["properties"]
+    if tasks:
+        process["task"]["enum"] = list(tasks)
+    process["sampling_params"] = {**_ref(SamplingParams), "default": {}}
+    ids = {"type": "array", "items": {"type": "string"}}
+    components["CancelRequest"] = {
+        "title": "CancelRequest",
+        "oneOf": [_one_field("job_id", {"type": "string"}), _one_field("job_ids", ids)],
+    }
+
+
 @functools.cache
-def openapi_document() -> dict[str, Any]:
+def openapi_document(tasks: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The document; ``tasks`` (the registered task names) become the ``task`` enum."""
     _, components = msgspec.json.schema_components(_TYPES, ref_template=_REF)
+    _tighten(components, tasks)
     return {
         "openapi": "3.1.0",
         "info": {"title": "prorl-async", "version": __version__},

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any, TypeVar
 
 import msgspec
 from aiohttp import web
 
-from prorl_async.errors import BadRequest, NotFound, PayloadTooLarge, Unavailable, Unprocessable
+from prorl_async.errors import (
+    BadRequest,
+    NotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    Unavailable,
+    Unprocessable,
+)
 from prorl_async.openapi import openapi_document
 from prorl_async.schemas import (
     AddLLMServerRequest,
@@ -49,14 +57,26 @@ def _json(obj: Any, status: int = 200) -> web.Response:
     return web.Response(body=_encoder.encode(obj), status=status, content_type="application/json")
 
 
+async def _read(request: web.Request) -> bytes:
+    limit = _service(request).config.read_timeout_s
+    try:
+        async with asyncio.timeout(limit):
+            return await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"request body not received within {limit} s") from None
+
+
 async def _decode(request: web.Request, kind: type[T]) -> T:
-    body = await request.read()
+    body = await _read(request)
     try:
         result: T = _decoders[kind].decode(body)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid body: {exc}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        # msgspec recurses per nesting level; a hostile body must not reach a 500.
+        raise BadRequest("malformed JSON body: nested too deeply") from None
     return result
 
 
@@ -141,9 +161,9 @@ async def delete_job(request: web.Request) -> web.Response:
 @routes.post("/cancel")
 async def cancel(request: web.Request) -> web.Response:
     req = await _decode(request, CancelRequest)
-    ids = ([req.job_id] if req.job_id is not None else []) + (req.job_ids or [])
-    if req.job_id is None and req.job_ids is None:
-        raise BadRequest("job_id or job_ids: give one of them")
+    if (req.job_id is None) == (req.job_ids is None):
+        raise BadRequest("job_id or job_ids: give one of them, not both")
+    ids = [req.job_id] if req.job_id is not None else req.job_ids or []
     return _json(await _service(request).cancel(ids))
 
 
@@ -226,4 +246,4 @@ async def healthz(request: web.Request) -> web.Response:
 
 @routes.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
-    return _json(openapi_document())
+    return _json(openapi_document(tuple(_service(request).registry.names())))

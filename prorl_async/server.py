@@ -14,6 +14,7 @@ import uvloop
 
 from prorl_async.app import run_server
 from prorl_async.config import ServerConfig
+from prorl_async.connections import raise_nofile_limit
 
 __all__ = ["serve", "serve_forever", "write_port_file"]
 
@@ -58,6 +59,8 @@ def serve(config: ServerConfig) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     _tune_gc()
+    # Connections, sandboxes, PTYs and kernels all take descriptors: 1,024 is not enough.
+    log.info("open-file limit: %d", raise_nofile_limit())
     uvloop.run(serve_forever(config))
     return 0
 

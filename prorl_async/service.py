@@ -18,6 +18,7 @@ from prorl_async.handler import AgentHandler, HandlerRegistry, InstanceError
 from prorl_async.job import Job, Stage
 from prorl_async.metrics import LiveState, Metrics
 from prorl_async.pipeline import Pipeline
+from prorl_async.sampling import SamplingParamsError, check_sampling_params
 from prorl_async.schemas import BackendInfo, CancelResponse, ProcessRequest, StatusResponse
 from prorl_async.services import Services
 from prorl_async.store import MemoryJobStore
@@ -111,8 +112,9 @@ class RolloutService:
             known = ", ".join(self.registry.names())
             raise Unprocessable(f"{where}task: unknown task {req.task!r} (known: {known})")
         try:
+            check_sampling_params(req.sampling_params)
             return handler, handler.validate(req.instance)
-        except InstanceError as exc:
+        except (InstanceError, SamplingParamsError) as exc:
             raise Unprocessable(f"{where}{exc}") from None
 
     def create(self, req: ProcessRequest, handler: AgentHandler, instance: Any) -> Job:
