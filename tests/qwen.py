@@ -28,6 +28,7 @@ __all__ = [
     "CHAT_TEMPLATE",
     "SPLIT_REGEX",
     "build_tokenizer_dir",
+    "byte_chars",
     "cached_tokenizer_dir",
     "load_ranks",
     "recover_merges",
@@ -61,7 +62,8 @@ CHAT_TEMPLATE = """\
 {%- set ns = namespace(last_query=messages|length - 1) %}
 {%- for m in messages[::-1] %}
   {%- set i = messages|length - 1 - loop.index0 %}
-  {%- if m.role == 'user' and not (m.content is string and m.content.startswith('<tool_response>')) %}
+  {%- set content = m.content if m.content is string else '' %}
+  {%- if m.role == 'user' and not content.startswith('<tool_response>') %}
     {%- set ns.last_query = i %}{% break %}
   {%- endif %}
 {%- endfor %}
@@ -180,7 +182,7 @@ def recover_merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     return merges
 
 
-def _byte_chars() -> dict[int, str]:
+def byte_chars() -> dict[int, str]:
     """GPT-2's byte -> printable character map used by byte-level BPE."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
     chars = {b: chr(b) for b in printable}
@@ -195,7 +197,7 @@ def _byte_level(chars: dict[int, str], token: bytes) -> str:
 
 def tokenizer_json(ranks: dict[bytes, int], merges: list[tuple[bytes, bytes]]) -> dict[str, Any]:
     """The ``tokenizer.json`` document for the ranks, merges and Qwen3's added tokens."""
-    chars = _byte_chars()
+    chars = byte_chars()
     byte_level = {"add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     added = [
         {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
