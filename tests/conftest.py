@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import uvloop
+from tokenizers import Tokenizer
 
 from prorl_async.tokenizer import ChatTokenizer, load_tokenizer
 from tests.proctree import cmdline, descendants
@@ -68,6 +69,12 @@ def tok(vocab: str | None, request: pytest.FixtureRequest) -> ChatTokenizer:
         return load_tokenizer()
     qwen: ChatTokenizer = request.getfixturevalue("qwen_tok")
     return qwen
+
+
+@pytest.fixture(scope="session")
+def engine_vocab(tok: ChatTokenizer, vocab: str | None) -> Tokenizer | None:
+    """What to give a ScriptedLLM for ``vocab`` (the loaded tokenizer: no 0.7 s reload)."""
+    return None if vocab is None else tok.hf_tokenizer
 
 
 # Server fixtures (make_server, gate) for every test package.

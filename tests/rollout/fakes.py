@@ -29,7 +29,9 @@ class FakeTools:
         key = "command" if name != "python" else "code"
         if key not in arguments:
             raise ToolCallError(f"{name}: missing argument {key!r}")
-        return f"[{name}] ran {json.dumps(arguments, sort_keys=True)[:200]}\nexit 0"
+        # Multi-byte text (CJK, emoji, a combining mark) in every observation.
+        shown = json.dumps(arguments, sort_keys=True, ensure_ascii=False)[:200]
+        return f"[{name}] ran {shown}\n输出：完成 ✓ 🙂 q\u0307\nexit 0"
 
 
 class ToolUseHandler(AgentHandler):

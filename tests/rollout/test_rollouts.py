@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from tests.rollout.fakes import ToolUseHandler
 from tests.serverutil import Server, ServerFactory, eventually
@@ -65,15 +67,16 @@ async def _drain(srv: Server, ids: list[str], wait: float = 60) -> dict[str, dic
 
 
 async def test_token_invariants_on_200_random_tool_trajectories(
-    make_server: ServerFactory,
+    make_server: ServerFactory, vocab: str | None, engine_vocab: Tokenizer | None
 ) -> None:
     async with (
-        ScriptedLLM(policy="random_tools", seed=7) as a,
+        ScriptedLLM(tokenizer=engine_vocab, policy="random_tools", seed=7) as a,
         ScriptedLLM(
+            tokenizer=engine_vocab,
             policy="random_tools",
             seed=7,
         ) as b,
-        make_server(handlers=(ToolUseHandler(),)) as srv,
+        make_server(handlers=(ToolUseHandler(),), tokenizer=vocab) as srv,
     ):
         await srv.client.add_llm_server(a.address, weight_version=1)
         await srv.client.add_llm_server(b.address, api="sglang", weight_version=1)
@@ -98,11 +101,13 @@ async def test_token_invariants_on_200_random_tool_trajectories(
         assert {d["turns"][0]["backend"] for d in docs.values()} == {a.address, b.address}
 
 
-async def test_request_bodies_field_by_field(make_server: ServerFactory) -> None:
+async def test_request_bodies_field_by_field(
+    make_server: ServerFactory, vocab: str | None, engine_vocab: Tokenizer | None
+) -> None:
     async with (
-        ScriptedLLM(policy="finish", model="m1") as v,
-        ScriptedLLM(policy="finish") as s,
-        make_server(handlers=(ToolUseHandler(),), max_model_len=4096) as srv,
+        ScriptedLLM(tokenizer=engine_vocab, policy="finish", model="m1") as v,
+        ScriptedLLM(tokenizer=engine_vocab, policy="finish") as s,
+        make_server(handlers=(ToolUseHandler(),), tokenizer=vocab, max_model_len=4096) as srv,
     ):
         await srv.client.add_llm_server(v.address, model="m1")
         params = {"temperature": 0.5, "top_p": 0.9, "max_tokens": 100}
@@ -223,12 +228,14 @@ async def test_weight_version_update_shows_per_turn(make_server: ServerFactory) 
         assert doc["weight_versions"] == [7, 8]
 
 
-async def test_backend_killed_mid_run_fails_over(make_server: ServerFactory) -> None:
+async def test_backend_killed_mid_run_fails_over(
+    make_server: ServerFactory, vocab: str | None, engine_vocab: Tokenizer | None
+) -> None:
     latency = LatencyModel(ttft_s=0.02)
     async with (
-        ScriptedLLM(policy="random_tools", seed=2, latency=latency) as a,
-        ScriptedLLM(policy="random_tools", seed=2, latency=latency) as b,
-        make_server(handlers=(ToolUseHandler(),)) as srv,
+        ScriptedLLM(tokenizer=engine_vocab, policy="random_tools", seed=2, latency=latency) as a,
+        ScriptedLLM(tokenizer=engine_vocab, policy="random_tools", seed=2, latency=latency) as b,
+        make_server(handlers=(ToolUseHandler(),), tokenizer=vocab) as srv,
     ):
         await srv.client.add_llm_server(a.address)
         await srv.client.add_llm_server(b.address)
@@ -280,10 +287,12 @@ async def test_all_backends_down_fails_cleanly(make_server: ServerFactory) -> No
         assert not any(x["healthy"] for x in status["backends"])
 
 
-async def test_context_exhaustion_ends_run_normally(make_server: ServerFactory) -> None:
+async def test_context_exhaustion_ends_run_normally(
+    make_server: ServerFactory, vocab: str | None, engine_vocab: Tokenizer | None
+) -> None:
     async with (
-        ScriptedLLM(policy="random_tools", seed=9) as a,
-        make_server(handlers=(ToolUseHandler(),), max_model_len=700) as srv,
+        ScriptedLLM(tokenizer=engine_vocab, policy="random_tools", seed=9) as a,
+        make_server(handlers=(ToolUseHandler(),), tokenizer=vocab, max_model_len=700) as srv,
     ):
         await srv.client.add_llm_server(a.address)
         ids = await srv.client.submit_batch(
