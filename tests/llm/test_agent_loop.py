@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from prorl_async.agent_loop import FINISH_TOOL_SPEC, Trajectory, run_agent_loop
+from prorl_async.agent_loop import FINISH_TOOL_SPEC, TokenDriftError, Trajectory, run_agent_loop
 from prorl_async.generation import Generation
 from prorl_async.tokenizer import ChatTokenizer
 from prorl_async.toolcalls import ToolCallError
@@ -325,3 +325,16 @@ async def test_observation_ids_do_not_depend_on_the_bytes_before_them(tok: ChatT
         check_invariants(traj, gen)
         segments.append(traj.turns[1]["token_ids"])
     assert segments[0] == segments[1] == segments[2]
+
+
+async def test_a_generator_that_changes_the_lent_buffer_is_caught(tok: ChatTokenizer) -> None:
+    class Meddler(ScriptedGenerator):
+        async def generate(
+            self, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
+        ) -> Generation:
+            prompt_ids.append(tok.eos_id)  # the buffer is lent, not copied: this is a bug
+            return await super().generate(prompt_ids, max_tokens, sampling)
+
+    gen = Meddler([Reply(odd_ids(tok, call("bash", command="ls")))])
+    with pytest.raises(TokenDriftError, match="no longer prompt_ids \\+ response_ids"):
+        await run(gen, tok)
