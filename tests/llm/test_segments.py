@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from prorl_async.chat_template import ChatTemplate
 from prorl_async.tokenizer import (
     BUNDLED_TOKENIZER_DIR,
     ChatTokenizer,
@@ -62,12 +63,18 @@ QWEN3_LIKE = """\
 """
 
 
-def with_template(tmp_path: Path, template: str, vocab: str | None = None) -> ChatTokenizer:
-    source = Path(vocab) if vocab else BUNDLED_TOKENIZER_DIR
-    (tmp_path / "tokenizer.json").symlink_to(source / "tokenizer.json")
+def with_template(tmp_path: Path, template: str) -> ChatTokenizer:
+    (tmp_path / "tokenizer.json").symlink_to(BUNDLED_TOKENIZER_DIR / "tokenizer.json")
     config = {"eos_token": "<|im_end|>", "chat_template": template}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     return load_tokenizer(tmp_path)
+
+
+def retemplated(tok: ChatTokenizer, template: str) -> ChatTokenizer:
+    """``tok``'s vocabulary (already loaded) with another chat template."""
+    return ChatTokenizer(
+        tok.hf_tokenizer, {"default": ChatTemplate(template)}, eos_token="<|im_end|>"
+    )
 
 
 def assistant(content: str) -> dict[str, Any]:
@@ -105,10 +112,8 @@ def test_segment_text_matches_ids_and_is_independent_of_history(tok: ChatTokeniz
         tok.observation_ids([], prev_ended=True)
 
 
-def test_qwen3_like_template_history_rewrite_never_touches_the_buffer(
-    tmp_path: Path, vocab: str | None
-) -> None:
-    tok = with_template(tmp_path, QWEN3_LIKE, vocab)
+def test_qwen3_like_template_history_rewrite_never_touches_the_buffer(tok: ChatTokenizer) -> None:
+    tok = retemplated(tok, QWEN3_LIKE)
     first = "<think>\nI should list files.\n</think>\n\nLet me look.<|im_end|>"
     model_ids = tok.encode(first)
     prompt = tok.prompt_ids(PROMPT)
@@ -129,10 +134,8 @@ def test_qwen3_like_template_history_rewrite_never_touches_the_buffer(
     assert tok.encode(seg_text) == seg
 
 
-def test_qwen3_like_last_assistant_quirk_does_not_break_the_dummy(
-    tmp_path: Path, vocab: str | None
-) -> None:
-    tok = with_template(tmp_path, QWEN3_LIKE, vocab)
+def test_qwen3_like_last_assistant_quirk_does_not_break_the_dummy(tok: ChatTokenizer) -> None:
+    tok = retemplated(tok, QWEN3_LIKE)
     # Rendering an assistant turn last adds an empty think block that disappears once a tool
     # turn follows: the reason the dummy conversation ends with a user turn.
     last = tok.render([*PROMPT, assistant("x")])
