@@ -9,6 +9,7 @@ from prorl_async.agent_loop import FINISH_TOOL_SPEC
 from prorl_async.agent_task import TOOL_SPECS, run_agent
 from prorl_async.handler import AgentHandler
 from prorl_async.job import Job
+from prorl_async.scripted_llm.policies import tool_call
 from prorl_async.toolcalls import ToolCallError
 
 
@@ -52,3 +53,18 @@ class ToolUseHandler(AgentHandler):
     async def eval(self, job: Job) -> None:
         assert job.trajectory is not None
         job.reward = float(job.trajectory.to_result()["num_turns"])
+
+
+CUT_REPLY = tool_call("bash", {"command": "ls"}) + " 龘𠜎龘𠜎龘𠜎"
+FINISH_REPLY = '<tool_call>{"name": "finish"}</tool_call>'
+
+
+class MultibytePolicy:
+    """Scripted LLM policy: a tool call trailed by rare CJK characters, then ``finish``.
+
+    The rare characters tokenize as byte pieces, so a ``max_tokens`` cut can end the engine's
+    output in the middle of a character.
+    """
+
+    def reply(self, conversation: str) -> str:
+        return FINISH_REPLY if "<tool_response>" in conversation else CUT_REPLY

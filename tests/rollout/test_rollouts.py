@@ -8,7 +8,9 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
-from tests.rollout.fakes import ToolUseHandler
+from prorl_async.scripted_llm.policies import tool_call
+from prorl_async.tokenizer import ChatTokenizer
+from tests.rollout.fakes import CUT_REPLY, FINISH_REPLY, MultibytePolicy, ToolUseHandler
 from tests.serverutil import Server, ServerFactory, eventually
 
 
@@ -309,3 +311,29 @@ async def test_context_exhaustion_ends_run_normally(
         for d in docs.values():
             assert len(d["prompt_ids"]) + len(d["response_ids"]) <= 700
             check_token_invariants(d, _served([a]))
+
+
+async def test_engine_output_cut_mid_character_keeps_its_ids(
+    make_server: ServerFactory,
+    tok: ChatTokenizer,
+    vocab: str | None,
+    engine_vocab: Tokenizer | None,
+) -> None:
+    ids = tok.encode(CUT_REPLY)
+    # The first cut that ends inside a character (its text ends with U+FFFD).
+    cut = next(n for n in range(1, len(ids)) if tok.decode(ids[:n]).endswith("\ufffd"))
+    assert tok.decode(ids[:cut]).startswith(tool_call("bash", {"command": "ls"}))
+    assert len(tok.encode(FINISH_REPLY)) + 1 <= cut
+    async with (
+        ScriptedLLM(tokenizer=engine_vocab, policy=MultibytePolicy()) as llm,
+        make_server(handlers=(ToolUseHandler(),), tokenizer=vocab) as srv,
+    ):
+        await srv.client.add_llm_server(llm.address)
+        job = await srv.client.submit("tooluse", {}, sampling_params={"max_tokens": cut})
+        doc = await srv.client.result(job, wait=30)
+        assert doc is not None and doc["status"] == "done", doc
+        check_token_invariants(doc, _served([llm]))
+    first, obs = doc["turns"][0], doc["turns"][1]
+    assert first["token_ids"] == ids[:cut] and first["text"].endswith("\ufffd")
+    assert obs["token_ids"][0] == tok.eos_id and "输出：完成 ✓ 🙂" in obs["text"]
+    assert doc["finish"] == "finish_tool" and doc["num_turns"] == 2
