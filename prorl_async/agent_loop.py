@@ -254,9 +254,8 @@ class _Loop:
         start = len(self.buffer) - len(self.traj.prompt_ids)
         self.buffer.extend(ids)
         response = self.traj.response_ids
-        if len(self.traj.prompt_ids) + len(response) != len(self.buffer) or response[
-            start:
-        ] != list(ids):
+        in_step = len(self.traj.prompt_ids) + len(response) == len(self.buffer)
+        if not in_step or response[start:] != list(ids):
             raise TokenDriftError("token buffer is no longer prompt_ids + response_ids")
 
     def _check_generation(self, gen: Generation, limit: int) -> None:
