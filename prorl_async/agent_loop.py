@@ -190,7 +190,7 @@ class _Loop:
         if room <= 0:
             return "context_exhausted"
         limit = min(self.max_tokens, room)
-        gen = await self.generator.generate(list(self.buffer), limit, dict(self.sampling))
+        gen = await self.generator.generate(self.buffer, limit, dict(self.sampling))
         self._check_generation(gen, limit)
         text = self.tokenizer.decode(gen.token_ids)
         self.traj.add_assistant(gen, text)
@@ -250,12 +250,12 @@ class _Loop:
         return None
 
     def _extend(self, ids: Sequence[int]) -> None:
-        before = len(self.buffer)
+        # Checks only what this turn added, so a turn costs the same at 1k or 32k tokens.
+        start = len(self.buffer) - len(self.traj.prompt_ids)
         self.buffer.extend(ids)
-        if (
-            self.traj.prompt_ids + self.traj.response_ids != self.buffer
-            or len(self.buffer) < before
-        ):
+        response = self.traj.response_ids
+        in_step = len(self.traj.prompt_ids) + len(response) == len(self.buffer)
+        if not in_step or response[start:] != list(ids):
             raise TokenDriftError("token buffer is no longer prompt_ids + response_ids")
 
     def _check_generation(self, gen: Generation, limit: int) -> None:

@@ -33,6 +33,8 @@ class Generator(Protocol):
         """Complete ``prompt_ids`` with at most ``max_tokens`` new tokens.
 
         ``sampling`` holds the job's other sampling parameters (temperature, top_p, stop...),
-        passed to the engine under its own names.
+        passed to the engine under its own names. ``prompt_ids`` is the agent loop's own
+        buffer, lent for the call (not copied, so a turn costs the same at any context
+        length): read it, do not change it or keep it past the call.
         """
         ...

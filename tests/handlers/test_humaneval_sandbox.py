@@ -11,8 +11,6 @@ each) to show the two paths agree.
 from __future__ import annotations
 
 import asyncio
-import gzip
-import json
 import os
 import shutil
 import tempfile
@@ -24,9 +22,9 @@ import pytest
 
 from handlers.code import CodeHandler, CodeInstance, evaluate, evaluate_in
 from prorl_async.sandbox import BwrapRuntime, RuntimeConfig, SandboxSpec
+from tests.data import load_humaneval
 from tests.handlers.policies import require_bwrap
 
-DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "HumanEval.jsonl.gz"
 ROWS = 164
 TIME_LIMIT_S = 20.0
 
@@ -36,12 +34,7 @@ Outcome = dict[str, Any]
 
 @pytest.fixture(scope="module")
 def problems() -> list[Problem]:
-    if not DATA.exists():
-        pytest.skip(f"HumanEval data not found at {DATA}")
-    with gzip.open(DATA, "rt", encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    assert len(rows) == ROWS
-    return rows
+    return load_humaneval()
 
 
 @pytest.fixture

@@ -11,14 +11,13 @@ from typing import Any
 
 import aiohttp
 import pytest
+from tokenizers import Tokenizer
 
 from prorl_async.agent_loop import FINISH_TOOL_SPEC, Trajectory, run_agent_loop
 from prorl_async.engines import EngineApi, complete, fetch_model
 from prorl_async.generation import Generation
 from prorl_async.scripted_llm import ScriptedLLM
-from prorl_async.tokenizer import load_tokenizer
-
-TOK = load_tokenizer()
+from prorl_async.tokenizer import ChatTokenizer
 
 
 class EngineGenerator:
@@ -59,8 +58,11 @@ def sent_prompt(entry: Any) -> list[int]:
 
 
 @pytest.mark.parametrize("api", ["vllm", "sglang"])
-async def test_loop_against_scripted_llm_keeps_exact_ids(api: EngineApi) -> None:
-    async with ScriptedLLM(policy="random_tools", seed=5) as llm, aiohttp.ClientSession() as s:
+async def test_loop_against_scripted_llm_keeps_exact_ids(
+    api: EngineApi, tok: ChatTokenizer, engine_vocab: Tokenizer | None
+) -> None:
+    llm_server = ScriptedLLM(policy="random_tools", seed=5, tokenizer=engine_vocab)
+    async with llm_server as llm, aiohttp.ClientSession() as s:
         model = await fetch_model(s, llm.address) if api == "vllm" else "unused"
         gen = EngineGenerator(s, api, llm.address, model)
         errors = tool_turns = 0
@@ -69,7 +71,7 @@ async def test_loop_against_scripted_llm_keeps_exact_ids(api: EngineApi) -> None
             messages = [{"role": "user", "content": f"Episode {episode}: count the files."}]
             start = len(llm.log)
             await run_agent_loop(
-                generator=gen, tokenizer=TOK, messages=messages, tools=tools, trajectory=traj,
+                generator=gen, tokenizer=tok, messages=messages, tools=tools, trajectory=traj,
                 max_turns=10, max_model_len=8192, sampling={"temperature": 1.0}, max_tokens=256,
             )  # fmt: skip
             log = llm.log[start:]
@@ -84,7 +86,7 @@ async def test_loop_against_scripted_llm_keeps_exact_ids(api: EngineApi) -> None
             assert traj.prompt_ids + traj.response_ids == last
             model_ids = [i for i, m in zip(traj.response_ids, traj.response_mask, strict=True) if m]
             assert model_ids == [i for r in replies for i in r["token_ids"]]
-            assert all(r["token_ids"][-1] == TOK.eos_id for r in replies)
+            assert all(r["token_ids"][-1] == tok.eos_id for r in replies)
             assert traj.weight_versions == [3] and replies[0]["backend"] == llm.address
         # The seeded policy made real multi-turn episodes, some with malformed calls.
         assert tool_turns >= 8 and errors >= 1

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from prorl_async.chat_template import ChatTemplate
 from prorl_async.tokenizer import (
     BUNDLED_TOKENIZER_DIR,
     ChatTokenizer,
@@ -64,26 +64,33 @@ QWEN3_LIKE = """\
 
 
 def with_template(tmp_path: Path, template: str) -> ChatTokenizer:
-    shutil.copy(BUNDLED_TOKENIZER_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    (tmp_path / "tokenizer.json").symlink_to(BUNDLED_TOKENIZER_DIR / "tokenizer.json")
     config = {"eos_token": "<|im_end|>", "chat_template": template}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     return load_tokenizer(tmp_path)
+
+
+def retemplated(tok: ChatTokenizer, template: str) -> ChatTokenizer:
+    """``tok``'s vocabulary (already loaded) with another chat template."""
+    return ChatTokenizer(
+        tok.hf_tokenizer, {"default": ChatTemplate(template)}, eos_token="<|im_end|>"
+    )
 
 
 def assistant(content: str) -> dict[str, Any]:
     return {"role": "assistant", "content": content}
 
 
-def test_prompt_ids_are_the_rendered_prompt_with_header() -> None:
-    tok = load_tokenizer()
+def test_prompt_ids_are_the_rendered_prompt_with_header(tok: ChatTokenizer) -> None:
     ids = tok.prompt_ids(PROMPT, TOOLS)
     assert tok.decode(ids) == tok.render(PROMPT, TOOLS, add_generation_prompt=True)
     assert tok.decode(ids).endswith("<|im_start|>assistant\n")
 
 
 @pytest.mark.parametrize("prev_ended", [True, False])
-def test_bundled_observation_is_exact_suffix_of_full_rendering(prev_ended: bool) -> None:
-    tok = load_tokenizer()
+def test_observation_is_exact_suffix_of_full_rendering(
+    tok: ChatTokenizer, prev_ended: bool
+) -> None:
     reply = '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'
     model_ids = tok.encode(reply) + ([tok.eos_id] if prev_ended else [])
     obs = tok.observation_ids(OBS, prev_ended=prev_ended, tools=TOOLS)
@@ -96,8 +103,7 @@ def test_bundled_observation_is_exact_suffix_of_full_rendering(prev_ended: bool)
     assert tok.decode(obs).endswith("<|im_start|>assistant\n")
 
 
-def test_segment_text_matches_ids_and_is_independent_of_history() -> None:
-    tok = load_tokenizer()
+def test_segment_text_matches_ids_and_is_independent_of_history(tok: ChatTokenizer) -> None:
     text, ids = tok.observation_segment(OBS, prev_ended=True)
     assert tok.encode(text) == ids
     assert text.startswith("\n<|im_start|>user\n<tool_response>\na.txt\nb.txt\n</tool_response>")
@@ -106,8 +112,8 @@ def test_segment_text_matches_ids_and_is_independent_of_history() -> None:
         tok.observation_ids([], prev_ended=True)
 
 
-def test_qwen3_like_template_history_rewrite_never_touches_the_buffer(tmp_path: Path) -> None:
-    tok = with_template(tmp_path, QWEN3_LIKE)
+def test_qwen3_like_template_history_rewrite_never_touches_the_buffer(tok: ChatTokenizer) -> None:
+    tok = retemplated(tok, QWEN3_LIKE)
     first = "<think>\nI should list files.\n</think>\n\nLet me look.<|im_end|>"
     model_ids = tok.encode(first)
     prompt = tok.prompt_ids(PROMPT)
@@ -128,8 +134,8 @@ def test_qwen3_like_template_history_rewrite_never_touches_the_buffer(tmp_path: 
     assert tok.encode(seg_text) == seg
 
 
-def test_qwen3_like_last_assistant_quirk_does_not_break_the_dummy(tmp_path: Path) -> None:
-    tok = with_template(tmp_path, QWEN3_LIKE)
+def test_qwen3_like_last_assistant_quirk_does_not_break_the_dummy(tok: ChatTokenizer) -> None:
+    tok = retemplated(tok, QWEN3_LIKE)
     # Rendering an assistant turn last adds an empty think block that disappears once a tool
     # turn follows: the reason the dummy conversation ends with a user turn.
     last = tok.render([*PROMPT, assistant("x")])

@@ -9,6 +9,7 @@ from prorl_async.agent_loop import FINISH_TOOL_SPEC
 from prorl_async.agent_task import TOOL_SPECS, run_agent
 from prorl_async.handler import AgentHandler
 from prorl_async.job import Job
+from prorl_async.scripted_llm.policies import tool_call
 from prorl_async.toolcalls import ToolCallError
 
 
@@ -29,7 +30,9 @@ class FakeTools:
         key = "command" if name != "python" else "code"
         if key not in arguments:
             raise ToolCallError(f"{name}: missing argument {key!r}")
-        return f"[{name}] ran {json.dumps(arguments, sort_keys=True)[:200]}\nexit 0"
+        # Multi-byte text (CJK, emoji, a combining mark) in every observation.
+        shown = json.dumps(arguments, sort_keys=True, ensure_ascii=False)[:200]
+        return f"[{name}] ran {shown}\n输出：完成 ✓ 🙂 q\u0307\nexit 0"
 
 
 class ToolUseHandler(AgentHandler):
@@ -50,3 +53,18 @@ class ToolUseHandler(AgentHandler):
     async def eval(self, job: Job) -> None:
         assert job.trajectory is not None
         job.reward = float(job.trajectory.to_result()["num_turns"])
+
+
+CUT_REPLY = tool_call("bash", {"command": "ls"}) + " 龘𠜎龘𠜎龘𠜎"
+FINISH_REPLY = '<tool_call>{"name": "finish"}</tool_call>'
+
+
+class MultibytePolicy:
+    """Scripted LLM policy: a tool call trailed by rare CJK characters, then ``finish``.
+
+    The rare characters tokenize as byte pieces, so a ``max_tokens`` cut can end the engine's
+    output in the middle of a character.
+    """
+
+    def reply(self, conversation: str) -> str:
+        return FINISH_REPLY if "<tool_response>" in conversation else CUT_REPLY

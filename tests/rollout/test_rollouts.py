@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from tokenizers import Tokenizer
+
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
-from tests.rollout.fakes import ToolUseHandler
+from prorl_async.scripted_llm.policies import tool_call
+from prorl_async.tokenizer import ChatTokenizer
+from tests.rollout.fakes import CUT_REPLY, FINISH_REPLY, MultibytePolicy, ToolUseHandler
 from tests.serverutil import Server, ServerFactory, eventually
 
 
@@ -65,15 +69,16 @@ async def _drain(srv: Server, ids: list[str], wait: float = 60) -> dict[str, dic
 
 
 async def test_token_invariants_on_200_random_tool_trajectories(
-    make_server: ServerFactory,
+    make_server: ServerFactory, vocab: str | None, engine_vocab: Tokenizer | None
 ) -> None:
     async with (
-        ScriptedLLM(policy="random_tools", seed=7) as a,
+        ScriptedLLM(tokenizer=engine_vocab, policy="random_tools", seed=7) as a,
         ScriptedLLM(
+            tokenizer=engine_vocab,
             policy="random_tools",
             seed=7,
         ) as b,
-        make_server(handlers=(ToolUseHandler(),)) as srv,
+        make_server(handlers=(ToolUseHandler(),), tokenizer=vocab) as srv,
     ):
         await srv.client.add_llm_server(a.address, weight_version=1)
         await srv.client.add_llm_server(b.address, api="sglang", weight_version=1)
@@ -98,11 +103,13 @@ async def test_token_invariants_on_200_random_tool_trajectories(
         assert {d["turns"][0]["backend"] for d in docs.values()} == {a.address, b.address}
 
 
-async def test_request_bodies_field_by_field(make_server: ServerFactory) -> None:
+async def test_request_bodies_field_by_field(
+    make_server: ServerFactory, vocab: str | None, engine_vocab: Tokenizer | None
+) -> None:
     async with (
-        ScriptedLLM(policy="finish", model="m1") as v,
-        ScriptedLLM(policy="finish") as s,
-        make_server(handlers=(ToolUseHandler(),), max_model_len=4096) as srv,
+        ScriptedLLM(tokenizer=engine_vocab, policy="finish", model="m1") as v,
+        ScriptedLLM(tokenizer=engine_vocab, policy="finish") as s,
+        make_server(handlers=(ToolUseHandler(),), tokenizer=vocab, max_model_len=4096) as srv,
     ):
         await srv.client.add_llm_server(v.address, model="m1")
         params = {"temperature": 0.5, "top_p": 0.9, "max_tokens": 100}
@@ -223,12 +230,14 @@ async def test_weight_version_update_shows_per_turn(make_server: ServerFactory) 
         assert doc["weight_versions"] == [7, 8]
 
 
-async def test_backend_killed_mid_run_fails_over(make_server: ServerFactory) -> None:
+async def test_backend_killed_mid_run_fails_over(
+    make_server: ServerFactory, vocab: str | None, engine_vocab: Tokenizer | None
+) -> None:
     latency = LatencyModel(ttft_s=0.02)
     async with (
-        ScriptedLLM(policy="random_tools", seed=2, latency=latency) as a,
-        ScriptedLLM(policy="random_tools", seed=2, latency=latency) as b,
-        make_server(handlers=(ToolUseHandler(),)) as srv,
+        ScriptedLLM(tokenizer=engine_vocab, policy="random_tools", seed=2, latency=latency) as a,
+        ScriptedLLM(tokenizer=engine_vocab, policy="random_tools", seed=2, latency=latency) as b,
+        make_server(handlers=(ToolUseHandler(),), tokenizer=vocab) as srv,
     ):
         await srv.client.add_llm_server(a.address)
         await srv.client.add_llm_server(b.address)
@@ -280,10 +289,12 @@ async def test_all_backends_down_fails_cleanly(make_server: ServerFactory) -> No
         assert not any(x["healthy"] for x in status["backends"])
 
 
-async def test_context_exhaustion_ends_run_normally(make_server: ServerFactory) -> None:
+async def test_context_exhaustion_ends_run_normally(
+    make_server: ServerFactory, vocab: str | None, engine_vocab: Tokenizer | None
+) -> None:
     async with (
-        ScriptedLLM(policy="random_tools", seed=9) as a,
-        make_server(handlers=(ToolUseHandler(),), max_model_len=700) as srv,
+        ScriptedLLM(tokenizer=engine_vocab, policy="random_tools", seed=9) as a,
+        make_server(handlers=(ToolUseHandler(),), tokenizer=vocab, max_model_len=700) as srv,
     ):
         await srv.client.add_llm_server(a.address)
         ids = await srv.client.submit_batch(
@@ -300,3 +311,29 @@ async def test_context_exhaustion_ends_run_normally(make_server: ServerFactory) 
         for d in docs.values():
             assert len(d["prompt_ids"]) + len(d["response_ids"]) <= 700
             check_token_invariants(d, _served([a]))
+
+
+async def test_engine_output_cut_mid_character_keeps_its_ids(
+    make_server: ServerFactory,
+    tok: ChatTokenizer,
+    vocab: str | None,
+    engine_vocab: Tokenizer | None,
+) -> None:
+    ids = tok.encode(CUT_REPLY)
+    # The first cut that ends inside a character (its text ends with U+FFFD).
+    cut = next(n for n in range(1, len(ids)) if tok.decode(ids[:n]).endswith("\ufffd"))
+    assert tok.decode(ids[:cut]).startswith(tool_call("bash", {"command": "ls"}))
+    assert len(tok.encode(FINISH_REPLY)) + 1 <= cut
+    async with (
+        ScriptedLLM(tokenizer=engine_vocab, policy=MultibytePolicy()) as llm,
+        make_server(handlers=(ToolUseHandler(),), tokenizer=vocab) as srv,
+    ):
+        await srv.client.add_llm_server(llm.address)
+        job = await srv.client.submit("tooluse", {}, sampling_params={"max_tokens": cut})
+        doc = await srv.client.result(job, wait=30)
+        assert doc is not None and doc["status"] == "done", doc
+        check_token_invariants(doc, _served([llm]))
+    first, obs = doc["turns"][0], doc["turns"][1]
+    assert first["token_ids"] == ids[:cut] and first["text"].endswith("\ufffd")
+    assert obs["token_ids"][0] == tok.eos_id and "输出：完成 ✓ 🙂" in obs["text"]
+    assert doc["finish"] == "finish_tool" and doc["num_turns"] == 2
