@@ -25,6 +25,16 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--runtime", help="sandbox runtime: auto|bwrap|apptainer|local")
     p.add_argument("--max-model-len", type=int)
     p.add_argument("--log-level")
+    p.add_argument(
+        "--max-sandboxes", type=int, help="live sandboxes at most (default: memory / limit)"
+    )
+    p.add_argument("--warm-sandboxes", type=int, help="sandboxes kept started ahead (default 0)")
+    p.add_argument(
+        "--autoscale",
+        action="store_true",
+        default=None,
+        help="set stage workers from load (bounds: [autoscaling] in the config)",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -42,6 +52,9 @@ def _serve(args: argparse.Namespace) -> int:
         "runtime",
         "max_model_len",
         "log_level",
+        "max_sandboxes",
+        "warm_sandboxes",
+        "autoscale",
     )
     try:
         config = load_config(path=args.config, overrides={k: getattr(args, k) for k in keys})
