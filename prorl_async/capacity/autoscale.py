@@ -136,23 +136,26 @@ class Autoscaler:
         return self.pipeline.stats["eval"].service.count
 
     def target_throughput(self) -> float | None:
-        """Jobs/s the pools should carry (``None`` until a job has completed)."""
+        """Jobs/s the pools should carry: ``None`` until a job has completed, ``inf`` when
+        nothing bounds it (jobs waiting and no sandboxes used)."""
         done = self._completed() - self._done_at_start
+        if done <= 0:
+            return None
         budget = self._budget()
         x_max = math.inf
-        if budget is not None and budget.capacity is not None and done > 0:
-            per_job = self._sandbox_s.total / done
-            if per_job > 0:
-                x_max = budget.capacity / per_job
+        per_job = self._sandbox_s.total / done
+        if budget is not None and budget.capacity is not None and per_job > 0:
+            x_max = budget.capacity / per_job
         backlog = self.pipeline.queued[self._stage("init")] > 0
-        x = x_max if backlog else min(x_max, self.arrivals.rate() * 1.2)
-        return None if math.isinf(x) else x
+        return x_max if backlog else min(x_max, self.arrivals.rate() * 1.2)
 
     def desired(self, stage: str, x: float) -> int:
         w = self.pipeline.stats[stage].service.value
         if w is None:
             return self.pipeline.pools[self._stage(stage)].size
         lo, hi = self.config.bounds(stage)
+        if math.isinf(x):
+            return hi
         return min(max(math.ceil(x * w) + 1, lo), hi)
 
     def tick(self) -> list[Decision]:

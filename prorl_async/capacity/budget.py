@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 __all__ = ["SandboxBudget", "default_max_sandboxes", "total_memory_bytes"]
 
 _FALLBACK_PER_SANDBOX = 1 << 30
+# The memory limit is an address-space cap (RLIMIT_AS), far above what a sandbox keeps
+# resident (a tool server maps ~0.5 GiB, touches ~60 MiB): below this floor the derived
+# budget would starve the default INIT pool on any machine under 32 GiB.
+MIN_DEFAULT = 8
 
 
 def total_memory_bytes() -> int:
@@ -32,13 +36,13 @@ def total_memory_bytes() -> int:
 
 
 def default_max_sandboxes(limits: SandboxLimits, memory: int | None = None) -> int:
-    """As many sandboxes as fit in memory at the per-sandbox memory limit (at least 1).
+    """As many sandboxes as fit in memory at the per-sandbox memory limit, at least 8.
 
     Without a memory limit a sandbox is assumed to need 1 GiB.
     """
     memory = total_memory_bytes() if memory is None else memory
     per = limits.memory_bytes or _FALLBACK_PER_SANDBOX
-    return max(1, memory // per)
+    return max(MIN_DEFAULT, memory // per)
 
 
 class SandboxBudget:
