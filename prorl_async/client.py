@@ -180,7 +180,9 @@ class RolloutClient:
     ) -> dict[str, Any]:
         """Resize stage pools (``POST /workers``); returns the status document."""
         sizes = {"init": init, "run": run, "eval": eval}
-        _, out = await self._call("POST", "/workers", {k: v for k, v in sizes.items() if v is not None})
+        _, out = await self._call(
+            "POST", "/workers", {k: v for k, v in sizes.items() if v is not None}
+        )
         return dict(out)
 
     async def add_llm_server(

@@ -20,9 +20,7 @@ async def test_resize_up_and_down_under_load_never_cancels(
 ) -> None:
     async with make_server(run_workers=2) as srv:
         svc = srv.service
-        ids = await srv.client.submit_batch(
-            [{"task": "gate", "instance": {"block": ["run"]}}] * 12
-        )
+        ids = await srv.client.submit_batch([{"task": "gate", "instance": {"block": ["run"]}}] * 12)
         await eventually(lambda: svc.pipeline.active[_run()] == 2)
         assert len(_in_run(gate, ids)) == 2
 
