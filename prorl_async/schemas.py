@@ -192,7 +192,8 @@ class StatusResponse(msgspec.Struct, frozen=True):
     records: int = 0
     pools: dict[str, StagePoolInfo] = {}
     sandbox_budget: BudgetInfo | None = None
-    # Seconds sandboxes spent alive but waiting (in a stage's queue, or warm and unused).
+    # Seconds sandboxes spent alive but waiting: in a stage's queue, inside a stage for an
+    # LLM backend (timer paused), or warm and unused ("warm").
     idle_sandbox_seconds: dict[str, float] = {}
     # INIT workers holding a job until RUN will take it soon (just-in-time INIT).
     jit_waiting: int = 0

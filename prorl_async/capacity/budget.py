@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from prorl_async.capacity.stats import CURRENT_STAGE
 from prorl_async.timer import current_timer
 
 if TYPE_CHECKING:
@@ -54,6 +55,8 @@ class SandboxBudget:
         self.peak = 0
         self.waits = 0
         self.wait_seconds = 0.0
+        # Slots taken per stage (``None``: outside a stage, e.g. warm sandboxes).
+        self.taken_by: dict[str | None, int] = {}
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._listeners: list[Callable[[], None]] = []
 
@@ -85,6 +88,7 @@ class SandboxBudget:
         if self.capacity is not None and self.live >= self.capacity:
             return False
         self._take()
+        self._count()
         return True
 
     async def acquire(self) -> None:
@@ -107,6 +111,7 @@ class SandboxBudget:
             raise
         finally:
             self.wait_seconds += time.monotonic() - t0
+        self._count()
 
     def release(self) -> None:
         """Give a slot back (a sandbox closed, or a start failed)."""
@@ -114,6 +119,10 @@ class SandboxBudget:
         self._wake()
         for callback in self._listeners:
             callback()
+
+    def _count(self) -> None:
+        stage = CURRENT_STAGE.get()  # the taker's own context
+        self.taken_by[stage] = self.taken_by.get(stage, 0) + 1
 
     def _take(self) -> None:
         self.live += 1

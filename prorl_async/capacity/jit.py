@@ -23,7 +23,9 @@ __all__ = ["JitGate", "run_queue_target"]
 
 def run_queue_target(run: StageStats, init: StageStats, busy_run: int) -> int:
     """RUN queue depth that covers INIT's latency at RUN's completion rate."""
-    w_run, w_init = run.service.value, init.service.value
+    # INIT's active time: how long preparing a job takes once it has its sandbox slot (a
+    # wait for a slot is not covered by queueing: that slot frees only as RUN finishes).
+    w_run, w_init = run.service.value, init.active.value
     if not w_run or w_init is None or busy_run <= 0:
         return 1
     rate = busy_run / w_run

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 
-__all__ = ["Ewma", "Pulse", "RateMeter", "StageStats"]
+__all__ = ["CURRENT_STAGE", "Ewma", "Pulse", "RateMeter", "StageStats"]
+
+# The stage whose task is running (set by the pipeline in each stage task's own context),
+# so the sandbox budget can tell which stage took a slot.
+CURRENT_STAGE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "prorl_current_stage", default=None
+)
 
 
 class Ewma:
@@ -13,7 +20,7 @@ class Ewma:
 
     __slots__ = ("alpha", "value", "count")
 
-    def __init__(self, alpha: float = 0.1) -> None:
+    def __init__(self, alpha: float = 0.05) -> None:
         self.alpha = alpha
         self.value: float | None = None
         self.count = 0
@@ -29,7 +36,7 @@ class Ewma:
 class RateMeter:
     """Events per second over a sliding window of ``window_s`` (at least one second old)."""
 
-    def __init__(self, window_s: float = 10.0) -> None:
+    def __init__(self, window_s: float = 5.0) -> None:
         self.window_s = window_s
         self._stamps: list[float] = []
         self._started = time.monotonic()
@@ -55,16 +62,19 @@ class RateMeter:
 
 
 class StageStats:
-    """Service time (wall seconds in the stage) and completions of one stage."""
+    """Service time (wall seconds in the stage; ``active``: timer-running seconds, i.e.
+    without waits for a backend or a sandbox slot) and completions of one stage."""
 
     def __init__(self) -> None:
         self.service = Ewma()
+        self.active = Ewma()
         self.completions = RateMeter()
         self.arrivals = RateMeter()
         self.idle_sandbox_seconds = 0.0
 
-    def finished(self, wall_s: float) -> None:
+    def finished(self, wall_s: float, active_s: float) -> None:
         self.service.add(wall_s)
+        self.active.add(active_s)
         self.completions.add()
 
 

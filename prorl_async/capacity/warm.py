@@ -40,7 +40,6 @@ class WarmPool(AsyncResource):
         self.started = 0
         self.idle_seconds = 0.0
         self._idle: collections.deque[tuple[Sandbox, float]] = collections.deque()
-        self._starting = 0
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
@@ -87,23 +86,25 @@ class WarmPool(AsyncResource):
     async def _fill(self) -> None:
         while True:
             self._wake.clear()
-            while self._want_more() and self.runtime.budget.try_acquire():
-                if not await self._start_one():
+            batch = 0
+            while self._want_more(batch) and self.runtime.budget.try_acquire():
+                batch += 1
+            if batch:
+                started = await asyncio.gather(*(self._start_one() for _ in range(batch)))
+                if not all(started):
                     await asyncio.sleep(_RETRY_S)  # back off after a failed start
+                continue
             await self._wake.wait()
 
-    def _want_more(self) -> bool:
-        return len(self._idle) + self._starting < self.size
+    def _want_more(self, batch: int) -> bool:
+        return len(self._idle) + batch < self.size
 
     async def _start_one(self) -> bool:
-        self._starting += 1
         try:
             sb = await self.runtime.start_reserved(self.spec)
         except Exception:
             log.exception("starting a warm sandbox failed")
             return False
-        finally:
-            self._starting -= 1
         self.started += 1
         self._idle.append((sb, time.monotonic()))
         return True

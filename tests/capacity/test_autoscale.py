@@ -31,30 +31,42 @@ def test_littles_law_sizes_and_hysteresis(caplog: pytest.LogCaptureFixture) -> N
     cfg = AutoscaleConfig(shrink_after=3, run_max=100)
     scaler = Autoscaler(pipe, lambda: budget, cfg)
     assert scaler.tick() == []  # nothing measured yet: no guess
-    for stage, w in (("init", 0.2), ("run", 2.0), ("eval", 0.1)):
-        pipe.stats[stage].service.add(w)
-    for _ in range(10):
-        pipe.stats["eval"].service.add(0.1)  # ten jobs done (11 EVAL samples incl. above)
-    scaler._sandbox_s.total = 11 * 2.5  # each held a sandbox for 2.5 s
-    pipe.queued[Stage.INIT] = 50  # a backlog: run as fast as the budget allows
-    x = scaler.target_throughput()
-    assert x is not None and math.isclose(x, 20 / 2.5)
-    # RUN needs X * W = 16 (+1): it grows at once. INIT and EVAL want fewer than their 4,
-    # and a shrink waits for three ticks in a row.
+    # INIT: 0.2 s active (plus 0.3 s waiting for a slot); RUN 2 s; EVAL 0.1 s, no sandbox.
+    pipe.stats["init"].finished(0.5, 0.2)
+    pipe.stats["run"].finished(2.0, 2.0)
+    pipe.stats["eval"].finished(0.1, 0.1)
+    budget.taken_by["init"] = 1  # INIT took a slot per job, EVAL none
+    per_job = scaler.sandbox_seconds_per_job()
+    assert per_job is not None and math.isclose(per_job, 0.2 + 2.0)
+    x_max = scaler.max_throughput()
+    assert x_max is not None and math.isclose(x_max, 20 / 2.2)
+    pipe.queued[Stage.INIT] = 50  # backlogs: carry all the budget allows
+    pipe.queued[Stage.RUN] = 5
+    # RUN needs ceil(X * W) + 1 = 20: it grows at once. INIT wants 3 and EVAL (empty
+    # queue, nothing arriving) 1, fewer than their 4: a shrink waits for three ticks.
     made = {d.stage: d.new for d in scaler.tick()}
-    assert made == {"run": math.ceil(8 * 2.0) + 1}
-    assert scaler.desired("init", 8.0) == math.ceil(8 * 0.2) + 1
-    assert pipe.workers[Stage.INIT] == 4 and pipe.workers[Stage.RUN] == 17
-    assert "autoscale run: 4 -> 17 workers (X=8.00 jobs/s * W=2.000s)" in caplog.text
-    # Demand collapses: no backlog, no arrivals. Shrinking waits for three low ticks.
-    pipe.queued[Stage.INIT] = 0
-    scaler.arrivals._stamps.clear()
+    assert made == {"run": math.ceil(x_max * 2.0) + 1} == {"run": 20}
+    assert scaler.desired("init", x_max) == 3
+    assert pipe.workers[Stage.INIT] == 4 and pipe.workers[Stage.RUN] == 20
+    assert "autoscale run: 4 -> 20 workers (X=9.09 jobs/s * W=2.000s)" in caplog.text
+    # Demand collapses: empty queues, nothing arriving.
+    pipe.queued[Stage.INIT] = pipe.queued[Stage.RUN] = 0
     assert scaler.tick() == []
-    # INIT and EVAL have been low since the growth tick: their third low tick is now.
     assert {d.stage: d.new for d in scaler.tick()} == {"init": 1, "eval": 1}
     assert {d.stage: d.new for d in scaler.tick()} == {"run": 1}
     assert pipe.workers == {Stage.INIT: 1, Stage.RUN: 1, Stage.EVAL: 1}
     assert scaler.decisions[("run", "up")] == 1 and scaler.decisions[("run", "down")] == 1
+
+
+def test_run_is_capped_at_what_the_backends_serve() -> None:
+    pipe = _pipeline()
+    scaler = Autoscaler(pipe, lambda: SandboxBudget(100), AutoscaleConfig())
+    pipe.stats["run"].finished(4.0, 1.0)  # 3 of every 4 seconds waiting for a backend
+    pipe.active[Stage.RUN] = 8  # so only about 2 of the 8 are decoding
+    assert scaler.desired("run", 50.0) == math.ceil(8 * 1.0 / 4.0) + 1
+    pipe.stats["run"] = type(pipe.stats["run"])()
+    pipe.stats["run"].finished(1.0, 1.0)  # no backend wait: Little's law alone
+    assert scaler.desired("run", 50.0) == 51
 
 
 async def test_autoscale_grows_pools_under_load_within_the_budget(
