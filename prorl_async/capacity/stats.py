@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import time
 
@@ -34,31 +35,33 @@ class Ewma:
 
 
 class RateMeter:
-    """Events per second over a sliding window of ``window_s`` (at least one second old)."""
+    """Events per second over a sliding window of ``window_s`` (counts kept per
+    ``tick_s`` bucket: constant cost per event at any rate)."""
 
-    def __init__(self, window_s: float = 5.0) -> None:
+    def __init__(self, window_s: float = 5.0, tick_s: float = 0.25) -> None:
         self.window_s = window_s
-        self._stamps: list[float] = []
+        self.tick_s = tick_s
+        self._buckets: collections.deque[list[float]] = collections.deque()  # [start, n]
         self._started = time.monotonic()
 
     def add(self, n: int = 1) -> None:
         now = time.monotonic()
-        self._stamps.extend([now] * n)
-        if len(self._stamps) > 4096:
+        if self._buckets and now - self._buckets[-1][0] < self.tick_s:
+            self._buckets[-1][1] += n
+        else:
+            self._buckets.append([now, n])
             self._trim(now)
 
     def rate(self) -> float:
         now = time.monotonic()
         self._trim(now)
         span = min(self.window_s, max(now - self._started, 1.0))
-        return len(self._stamps) / span
+        return sum(n for _, n in self._buckets) / span
 
     def _trim(self, now: float) -> None:
         cut = now - self.window_s
-        i = 0
-        while i < len(self._stamps) and self._stamps[i] < cut:
-            i += 1
-        del self._stamps[:i]
+        while self._buckets and self._buckets[0][0] < cut:
+            self._buckets.popleft()
 
 
 class StageStats:
