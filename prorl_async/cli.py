@@ -34,6 +34,16 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--keepalive-s", type=float, help="close idle keep-alive connections after (75)")
     p.add_argument("--max-connections", type=int, help="open connections at once (10000)")
     p.add_argument("--log-level")
+    p.add_argument(
+        "--max-sandboxes", type=int, help="live sandboxes at most (default: memory / limit)"
+    )
+    p.add_argument("--warm-sandboxes", type=int, help="sandboxes kept started ahead (default 0)")
+    p.add_argument(
+        "--autoscale",
+        action="store_true",
+        default=None,
+        help="set stage workers from load (bounds: [autoscaling] in the config)",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -56,6 +66,9 @@ def _serve(args: argparse.Namespace) -> int:
         "keepalive_s",
         "max_connections",
         "log_level",
+        "max_sandboxes",
+        "warm_sandboxes",
+        "autoscale",
     )
     try:
         config = load_config(path=args.config, overrides={k: getattr(args, k) for k in keys})

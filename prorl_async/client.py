@@ -175,6 +175,16 @@ class RolloutClient:
         _, out = await self._call("POST", "/stop")
         return dict(out)
 
+    async def set_workers(
+        self, *, init: int | None = None, run: int | None = None, eval: int | None = None
+    ) -> dict[str, Any]:
+        """Resize stage pools (``POST /workers``); returns the status document."""
+        sizes = {"init": init, "run": run, "eval": eval}
+        _, out = await self._call(
+            "POST", "/workers", {k: v for k, v in sizes.items() if v is not None}
+        )
+        return dict(out)
+
     async def add_llm_server(
         self,
         address: str,

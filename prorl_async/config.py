@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from prorl_async.backends import PoolConfig
+from prorl_async.capacity.autoscale import AutoscaleConfig
 from prorl_async.sandbox.limits import SandboxLimits
 
 __all__ = ["ConfigError", "ServerConfig", "default_state_dir", "load_config"]
@@ -74,6 +75,15 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     sandbox_limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
     pool: PoolConfig = msgspec.field(default_factory=PoolConfig)
     log_level: str = "info"
+    # Live sandboxes of all stages together; None: physical memory / sandbox_limits.memory_bytes.
+    max_sandboxes: int | None = None
+    # Sandboxes of the instance-independent spec kept started ahead (within max_sandboxes).
+    warm_sandboxes: int = 0
+    # INIT starts a job only when RUN will take it soon (no sandbox idles in RUN's queue).
+    jit_init: bool = True
+    # Let the autoscaler set every stage's workers (bounds and pace in ``autoscaling``).
+    autoscale: bool = False
+    autoscaling: AutoscaleConfig = msgspec.field(default_factory=AutoscaleConfig)
 
 
 class ConfigError(ValueError):
@@ -144,3 +154,14 @@ def _check(cfg: ServerConfig) -> None:
     for name in ("default_timeout_s", "max_wait_s", "retention_s", "read_timeout_s", "keepalive_s"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+    _check_capacity(cfg)
+
+
+def _check_capacity(cfg: ServerConfig) -> None:
+    if cfg.max_sandboxes is not None and cfg.max_sandboxes < 1:
+        raise ConfigError(f"max_sandboxes must be >= 1, got {cfg.max_sandboxes}")
+    if cfg.warm_sandboxes < 0:
+        raise ConfigError(f"warm_sandboxes must be >= 0, got {cfg.warm_sandboxes}")
+    problem = cfg.autoscaling.problem()
+    if problem is not None:
+        raise ConfigError(problem)

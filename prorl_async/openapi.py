@@ -24,6 +24,7 @@ from prorl_async.schemas import (
     ResultDoc,
     StatusResponse,
     SubmitResponse,
+    WorkersRequest,
 )
 
 __all__ = ["openapi_document"]
@@ -37,6 +38,7 @@ _TYPES: list[Any] = [
     CancelRequest,
     AddLLMServerRequest,
     RemoveLLMServerRequest,
+    WorkersRequest,
     SubmitResponse,
     BatchResponse,
     JobStatusResponse,
@@ -150,6 +152,13 @@ def _paths() -> dict[str, Any]:
             )
         },
         "/status": {"get": _op("Server status", None, {"200": _resp("status", StatusResponse)})},
+        "/workers": {
+            "post": _op(
+                "Resize stage worker pools (a shrink never cancels a job)",
+                WorkersRequest,
+                {"200": _resp("status", StatusResponse)},
+            )
+        },
         "/metrics": {
             "get": _op(
                 "Prometheus metrics",

@@ -1,7 +1,8 @@
 """The three-stage pipeline: INIT -> RUN -> EVAL on one event loop.
 
-Each stage is an ``asyncio.Queue`` drained by a fixed set of worker coroutines
-whose concurrency is bounded by a semaphore sized for that stage. A stage runs
+Each stage is an ``asyncio.Queue`` drained by a resizable pool of worker coroutines
+(``capacity.WorkerPool``: the worker count is the stage's concurrency); INIT workers
+start a job only when RUN will take it soon (``capacity.JitGate``). A stage runs
 as its own task so it can be cancelled (cancel, timeout, stop) without touching
 the worker, which always goes on to the next job.
 """
@@ -15,6 +16,9 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
+from prorl_async.capacity.jit import JitGate
+from prorl_async.capacity.stats import CURRENT_STAGE, Pulse, StageStats
+from prorl_async.capacity.workers import WorkerPool
 from prorl_async.job import Job, Stage
 from prorl_async.result import encode_result
 from prorl_async.schemas import ErrorInfo
@@ -50,28 +54,53 @@ class Pipeline:
         workers: dict[Stage, int],
         observer: PipelineObserver | None = None,
         stop_grace_s: float = 30.0,
+        jit_init: bool = True,
     ) -> None:
         self.store = store
-        self.workers = dict(workers)
         self.observer = observer
         self.stop_grace_s = stop_grace_s
         self.accepting = False
         self.queues: dict[Stage, asyncio.Queue[Job]] = {s: asyncio.Queue() for s in Stage}
         self.queued: dict[Stage, int] = dict.fromkeys(Stage, 0)
         self.active: dict[Stage, int] = dict.fromkeys(Stage, 0)
-        self._sems = {s: asyncio.Semaphore(n) for s, n in self.workers.items()}
-        self._worker_tasks: list[asyncio.Task[None]] = []
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.stats = {s.value: StageStats() for s in Stage}
+        self.changed = Pulse()
+        self.pools = {s: self._pool(s, workers[s]) for s in Stage}
+        self.jit = JitGate(
+            changed=self.changed,
+            queued_run=lambda: self.queued[Stage.RUN],
+            busy=lambda s: self.active[Stage(s)],
+            run_workers=lambda: self.pools[Stage.RUN].size,
+            stats=self.stats,
+            enabled=jit_init,
+        )
+        self._started = False
+
+    def _pool(self, stage: Stage, size: int) -> WorkerPool[Job]:
+        async def handle(job: Job) -> None:
+            await self._work(job, stage)
+
+        return WorkerPool(stage.value, self.queues[stage], handle, size)
+
+    @property
+    def workers(self) -> dict[Stage, int]:
+        """Configured concurrency per stage."""
+        return {s: p.size for s, p in self.pools.items()}
+
+    def resize(self, stage: Stage, size: int) -> None:
+        """Set a stage's concurrency now; shrinking lets busy workers finish their job."""
+        self.pools[stage].resize(size)
+        self.changed.fire()
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
         """Start the workers (once) and accept jobs."""
-        if not self._worker_tasks:
-            for stage, count in self.workers.items():
-                for i in range(count):
-                    task = asyncio.create_task(self._work(stage), name=f"worker-{stage}-{i}")
-                    self._worker_tasks.append(task)
+        if not self._started:
+            self._started = True
+            for pool in self.pools.values():
+                pool.start()
         self.accepting = True
 
     async def stop(self) -> None:
@@ -92,10 +121,7 @@ class Pipeline:
     async def aclose(self) -> None:
         """Stop, then end the workers and any helper task."""
         await self.stop()
-        for task in self._worker_tasks:
-            task.cancel()
-        await asyncio.gather(*self._worker_tasks, return_exceptions=True)
-        self._worker_tasks.clear()
+        await asyncio.gather(*(pool.aclose() for pool in self.pools.values()))
         if self._tasks:
             await asyncio.wait(list(self._tasks))
 
@@ -142,6 +168,8 @@ class Pipeline:
         job.queue_stage = stage
         self.queued[stage] += 1
         self.queues[stage].put_nowait(job)
+        self.stats[stage.value].arrivals.add()
+        self.changed.fire()
 
     def _dequeue(self, job: Job) -> bool:
         stage = job.queue_stage
@@ -149,22 +177,26 @@ class Pipeline:
             return False
         job.queue_stage = None
         self.queued[stage] -= 1
+        waited = job.queued_s
         job.leave_queue()
+        if job.holds_resources:  # a sandbox alive and waiting: idle sandbox-seconds
+            self.stats[stage.value].idle_sandbox_seconds += job.queued_s - waited
+        self.changed.fire()
         return True
 
-    async def _work(self, stage: Stage) -> None:
-        queue, sem = self.queues[stage], self._sems[stage]
-        while True:
-            job = await queue.get()
-            if not self._dequeue(job):
-                continue  # cancelled while it waited in the queue
-            async with sem:
-                if not job.cancel_requested:
-                    await self._process(job, stage)
+    async def _work(self, job: Job, stage: Stage) -> None:
+        if stage is Stage.INIT:
+            # The job stays queued (timer paused) until RUN will take it soon.
+            await self.jit.wait(lambda: job.cancel_requested)
+        if not self._dequeue(job):
+            return  # cancelled while it waited in the queue
+        if not job.cancel_requested:
+            await self._process(job, stage)
 
     async def _process(self, job: Job, stage: Stage) -> None:
         job.status = stage.value
         self.active[stage] += 1
+        self.changed.fire()
         task = asyncio.create_task(self._execute(job, stage), name=f"{stage}:{job.id}")
         job.stage_task = task
         try:
@@ -183,6 +215,7 @@ class Pipeline:
         finally:
             self.active[stage] -= 1
             job.stage_task = None
+            self.changed.fire()
         self._advance(job, stage, task)
 
     def _advance(self, job: Job, stage: Stage, task: asyncio.Task[Any]) -> None:
@@ -206,6 +239,7 @@ class Pipeline:
 
     async def _execute(self, job: Job, stage: Stage) -> tuple[Outcome, BaseException | None]:
         keep = False
+        CURRENT_STAGE.set(stage.value)  # this task's own context: no reset needed
         before, t0 = job.timer.elapsed(), time.monotonic()
         timeout: asyncio.Timeout | None = None
         try:
@@ -223,7 +257,12 @@ class Pipeline:
         finally:
             active = job.timer.elapsed() - before
             job.stage_active[stage] = job.stage_active.get(stage, 0.0) + active
-            job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + time.monotonic() - t0
+            wall = time.monotonic() - t0
+            job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + wall
+            self.stats[stage.value].finished(wall, active)
+            if stage is not Stage.INIT and job.holds_resources:
+                # Waiting (timer paused, e.g. for a backend) while holding a sandbox: idle too.
+                self.stats[stage.value].idle_sandbox_seconds += max(wall - active, 0.0)
             if self.observer is not None:
                 self.observer.stage_finished(stage.value, active)
             # What the job holds is freed after RUN (before EVAL) and on any failure.

@@ -29,6 +29,7 @@ from prorl_async.schemas import (
     ProcessRequest,
     RemoveLLMServerRequest,
     SubmitResponse,
+    WorkersRequest,
 )
 from prorl_async.service import RolloutService
 
@@ -49,6 +50,7 @@ _decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {
         CancelRequest,
         AddLLMServerRequest,
         RemoveLLMServerRequest,
+        WorkersRequest,
     )
 }
 
@@ -225,6 +227,14 @@ async def start(request: web.Request) -> web.Response:
 async def stop(request: web.Request) -> web.Response:
     svc = _service(request)
     await svc.stop()
+    return _json(svc.status())
+
+
+@routes.post("/workers")
+async def workers(request: web.Request) -> web.Response:
+    req = await _decode(request, WorkersRequest)
+    svc = _service(request)
+    svc.resize_workers(req)
     return _json(svc.status())
 
 

@@ -10,6 +10,7 @@ __all__ = [
     "AddLLMServerRequest",
     "BatchRequest",
     "BatchResponse",
+    "BudgetInfo",
     "CancelRequest",
     "CancelResponse",
     "ErrorInfo",
@@ -20,8 +21,10 @@ __all__ = [
     "ProcessRequest",
     "RemoveLLMServerRequest",
     "ResultDoc",
+    "StagePoolInfo",
     "StatusResponse",
     "Timing",
+    "WorkersRequest",
 ]
 
 JobId = Annotated[
@@ -144,6 +147,37 @@ class BackendInfo(msgspec.Struct, frozen=True):
     weight_version: int | str | None
 
 
+_Workers = Annotated[int, msgspec.Meta(ge=1, le=100_000)]
+
+
+class WorkersRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /workers``: new concurrency for any subset of the stages."""
+
+    init: _Workers | None = None
+    run: _Workers | None = None
+    eval: _Workers | None = None
+
+
+class StagePoolInfo(msgspec.Struct, frozen=True):
+    """One stage's workers: the configured size, workers alive (a shrink lets busy ones
+    finish first, so ``live`` may exceed it for a while), and those inside a job."""
+
+    configured: int
+    live: int
+    busy: int
+
+
+class BudgetInfo(msgspec.Struct, frozen=True):
+    """The sandbox budget: ``max`` live sandboxes; ``waiting`` starts queued for a slot."""
+
+    max: int | None
+    live: int
+    waiting: int
+    peak: int
+    wait_seconds: float
+    warm_ready: int = 0
+
+
 class StatusResponse(msgspec.Struct, frozen=True):
     state: Literal["running", "stopped"]
     queues: dict[str, int]
@@ -156,6 +190,14 @@ class StatusResponse(msgspec.Struct, frozen=True):
     backend_waiting: int = 0
     # Job records in the store (live + retained results); bounded by retention.
     records: int = 0
+    pools: dict[str, StagePoolInfo] = {}
+    sandbox_budget: BudgetInfo | None = None
+    # Seconds sandboxes spent alive but waiting: in a stage's queue, inside a stage for an
+    # LLM backend (timer paused), or warm and unused ("warm").
+    idle_sandbox_seconds: dict[str, float] = {}
+    # INIT workers holding a job until RUN will take it soon (just-in-time INIT).
+    jit_waiting: int = 0
+    autoscale: bool = False
 
 
 class Problem(msgspec.Struct, frozen=True):

@@ -12,6 +12,9 @@ import logging
 import uuid
 from typing import Any
 
+from prorl_async.capacity.autoscale import Autoscaler
+from prorl_async.capacity.budget import SandboxBudget
+from prorl_async.capacity.view import CapacityView
 from prorl_async.config import ServerConfig
 from prorl_async.errors import Unavailable, Unprocessable
 from prorl_async.handler import AgentHandler, HandlerRegistry, InstanceError
@@ -19,7 +22,13 @@ from prorl_async.job import Job, Stage
 from prorl_async.metrics import LiveState, Metrics
 from prorl_async.pipeline import Pipeline
 from prorl_async.sampling import SamplingParamsError, check_sampling_params
-from prorl_async.schemas import BackendInfo, CancelResponse, ProcessRequest, StatusResponse
+from prorl_async.schemas import (
+    BackendInfo,
+    CancelResponse,
+    ProcessRequest,
+    StatusResponse,
+    WorkersRequest,
+)
 from prorl_async.services import Services
 from prorl_async.store import MemoryJobStore
 
@@ -49,13 +58,25 @@ class RolloutService:
             workers=workers,
             observer=self.metrics,
             stop_grace_s=config.stop_grace_s,
+            jit_init=config.jit_init,
         )
+        self.autoscaler: Autoscaler | None = None
+        if config.autoscale:
+            self.autoscaler = Autoscaler(self.pipeline, self._budget, config.autoscaling)
+        self.capacity = CapacityView(self.pipeline, lambda: self.services.runtime, self.autoscaler)
+        self.metrics.registry.register(self.capacity)
         self._sweeper: asyncio.Task[None] | None = None
+
+    def _budget(self) -> SandboxBudget | None:
+        runtime = self.services.runtime
+        return None if runtime is None else runtime.budget
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
         self.pipeline.start()
+        if self.autoscaler is not None:
+            self.autoscaler.start()
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep(), name="retention-sweeper")
 
@@ -64,6 +85,8 @@ class RolloutService:
 
     async def aclose(self) -> None:
         """Stop intake, cancel and release every job, end workers, close handlers."""
+        if self.autoscaler is not None:
+            await self.autoscaler.aclose()
         await self.pipeline.aclose()
         if self._sweeper is not None:
             self._sweeper.cancel()
@@ -206,6 +229,16 @@ class RolloutService:
             await self.pipeline.cancel(job)
         self.store.delete(job.id)
 
+    # -- capacity --------------------------------------------------------------------------
+
+    def resize_workers(self, req: WorkersRequest) -> None:
+        """Resize any subset of the stage pools now (shrinking never cancels a job)."""
+        for stage in Stage:
+            size = getattr(req, stage.value)
+            if size is not None:
+                log.info("workers: %s pool resized to %d", stage.value, size)
+                self.pipeline.resize(stage, size)
+
     # -- status ----------------------------------------------------------------------------
 
     def _backends(self) -> list[dict[str, Any]]:
@@ -254,6 +287,11 @@ class RolloutService:
             backends=[_backend_info(b) for b in self._backends()],
             backend_waiting=self._backend_waiting(),
             records=len(self.store),
+            pools=self.capacity.pools(),
+            sandbox_budget=self.capacity.budget(),
+            idle_sandbox_seconds=self.capacity.idle_sandbox_seconds(),
+            jit_waiting=pipe.jit.waiting,
+            autoscale=self.autoscaler is not None,
         )
 
 

@@ -7,7 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
 from prorl_async.backends import BackendPool
-from prorl_async.sandbox import RuntimeConfig, SandboxRecords, get_runtime
+from prorl_async.capacity import WarmPool, default_max_sandboxes
+from prorl_async.sandbox import RuntimeConfig, SandboxRecords, SandboxSpec, get_runtime
 from prorl_async.services import Services
 from prorl_async.tokenizer import load_tokenizer
 
@@ -29,7 +30,15 @@ async def open_services(services: Services) -> AsyncIterator[Services]:
         services.pool = await stack.enter_async_context(BackendPool(config.pool))
         runtime = get_runtime(config.runtime, runtime_config)
         stack.push_async_callback(runtime.aclose)
+        limits = config.sandbox_limits
+        runtime.budget.resize(config.max_sandboxes or default_max_sandboxes(limits))
+        log.info("sandbox budget: %d live sandboxes at most", runtime.budget.capacity)
         services.runtime = runtime
+        if config.warm_sandboxes > 0:
+            # The spec math/code/swe INIT asks for: it does not depend on the instance.
+            warm = WarmPool(runtime, SandboxSpec(limits=limits), config.warm_sandboxes)
+            await stack.enter_async_context(warm)
+            warm.start()
         try:
             yield services
         finally:

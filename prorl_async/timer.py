@@ -9,11 +9,23 @@ stage is cancelled exactly when the *active* time runs out.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
-__all__ = ["PausableTimer"]
+__all__ = ["PausableTimer", "current_timer"]
+
+# The timer of the stage running in this task (set by ``deadline``), so code deep in a
+# handler (a sandbox start waiting for budget) can pause it without being handed the job.
+_CURRENT: contextvars.ContextVar[PausableTimer | None] = contextvars.ContextVar(
+    "prorl_current_timer", default=None
+)
+
+
+def current_timer() -> PausableTimer | None:
+    """The timer of the job whose stage runs in the current task, if any."""
+    return _CURRENT.get()
 
 
 class PausableTimer:
@@ -78,12 +90,14 @@ class PausableTimer:
         """
         async with asyncio.timeout(None) as tm:
             self._timeout = tm
+            token = _CURRENT.set(self)
             self.resume()
             try:
                 yield tm
             finally:
                 self.pause()
                 self._timeout = None
+                _CURRENT.reset(token)
 
     def _reschedule(self) -> None:
         tm = self._timeout

@@ -14,8 +14,9 @@ import asyncio
 import logging
 import os
 import shutil
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
+from prorl_async.capacity.budget import SandboxBudget
 from prorl_async.sandbox.cgroup import PidsCgroup, find_pids_parent
 from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.limits import describe_enforcement, prlimit_argv
@@ -40,8 +41,22 @@ class SandboxStartError(RuntimeError):
     """A sandbox failed to come up; the message carries the runtime's own output."""
 
 
+class WarmSource(Protocol):
+    """Pre-started sandboxes a start may take instead of starting one (``capacity.WarmPool``)."""
+
+    @property
+    def ready(self) -> int: ...
+    def take(self, spec: SandboxSpec) -> Sandbox | None: ...
+    async def evict(self) -> bool: ...
+    def live_idle_seconds(self) -> float: ...
+
+
 class Runtime(abc.ABC):
-    """Starts sandboxes of one kind. Closing the runtime closes every sandbox it started."""
+    """Starts sandboxes of one kind. Closing the runtime closes every sandbox it started.
+
+    Every start takes a slot of ``budget`` (live sandboxes of every stage share it) and
+    the slot is given back when the sandbox closes; ``warm`` may hand out a pre-started one.
+    """
 
     name: ClassVar[str]
     # Whether the sandbox sees its own paths (/workspace) rather than the host's.
@@ -55,6 +70,8 @@ class Runtime(abc.ABC):
         explicit = self.config.cgroup_parent
         self.pids_parent = None if explicit == "" else find_pids_parent(explicit)
         self._live: set[Sandbox] = set()
+        self.budget = SandboxBudget()
+        self.warm: WarmSource | None = None
 
     @abc.abstractmethod
     def command(self, spec: SandboxSpec, layout: Layout, ip: str) -> list[str]:
@@ -98,17 +115,41 @@ class Runtime(abc.ABC):
         return describe_enforcement(SandboxSpec().limits, self.pids_parent)
 
     async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
-        """Start a sandbox and return once its tool server answers; clean up on any failure."""
+        """Start a sandbox and return once its tool server answers; clean up on any failure.
+
+        A warm sandbox of the same spec is taken when there is one; otherwise this waits
+        for a budget slot (pausing the calling job's timer), evicting an idle warm one first.
+        """
         spec = spec if spec is not None else SandboxSpec()
         spec.validate()
         self.check_spec(spec)
-        sb = self._prepare(spec)
+        warm = self.warm.take(spec) if self.warm is not None else None
+        if warm is not None:
+            return warm
+        if not self.budget.try_acquire():
+            if self.warm is not None:
+                await self.warm.evict()
+            await self.budget.acquire()
+        return await self.start_reserved(spec)
+
+    async def start_reserved(self, spec: SandboxSpec) -> Sandbox:
+        """Start a sandbox on a budget slot the caller already holds (given back at close)."""
+        try:
+            sb = self._prepare(spec)
+        except BaseException:
+            self.budget.release()
+            raise
         try:
             await self._launch(sb, spec)
         except BaseException:
             await sb.aclose()
             raise
         return sb
+
+    def _closed(self, sb: Sandbox) -> None:
+        if sb in self._live:
+            self._live.discard(sb)
+            self.budget.release()
 
     def _prepare(self, spec: SandboxSpec) -> Sandbox:
         layout = Layout.create(self.config.run_dir, isolated=self.isolated)
@@ -130,7 +171,7 @@ class Runtime(abc.ABC):
             records=self.records,
             cgroup=cgroup,
             close_grace=self.config.close_grace_s,
-            on_close=self._live.discard,
+            on_close=self._closed,
         )
         self._live.add(sb)
         return sb

@@ -19,6 +19,7 @@ API_ROUTES = {
     "/start",
     "/stop",
     "/status",
+    "/workers",
     "/metrics",
     "/healthz",
     "/openapi.json",

@@ -232,7 +232,8 @@ async def test_many_jobs_concurrently_all_finish(make_server: ServerFactory) -> 
 async def test_worker_count_bounds_concurrency(
     make_server: ServerFactory, gate: GateHandler
 ) -> None:
-    async with make_server(run_workers=2) as srv:
+    # Eager INIT: with just-in-time INIT only one job would be let into RUN's queue.
+    async with make_server(run_workers=2, jit_init=False) as srv:
         ids = [await srv.client.submit("gate", {"block": ["run"]}) for _ in range(4)]
         await gate.event(ids[0], "run").wait()
         await gate.event(ids[1], "run").wait()

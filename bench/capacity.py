@@ -1,0 +1,210 @@
+"""Stage capacity: static pool configurations against ``--autoscale`` on a mixed workload.
+
+One run, side by side, on in-process servers with a memory-derived sandbox budget
+(physical memory / 1 GiB per sandbox):
+
+- math-like jobs: INIT 0.1 s, RUN 1.0 s LLM-bound, EVAL 0.02 s;
+- swe-like jobs: INIT 0.3 s, RUN 1.5 s LLM-bound, EVAL 3.0 s in a fresh sandbox.
+
+The LLM backends decode at most 16 requests at once. Sandboxes are the ``budgeted``
+TEST DOUBLE (tests/capacity/budgeted.py): each takes a real slot of the server's
+sandbox budget from INIT to the end of RUN (and a fresh one in a swe EVAL) without
+starting a process, so seven configurations fit in a few minutes on two shared cores.
+Static configurations run as the server did before just-in-time INIT (``jit_init`` off);
+``--autoscale`` starts from the defaults with it on.
+
+Printed per configuration: completed jobs/s, p50/p99 job latency (submit to result),
+idle sandbox-seconds (alive, waiting in a queue), and the ratios the issue targets.
+A second part starts real bwrap sandboxes for math jobs (scripted LLM test double) and
+prints INIT p50 with and without warm sandboxes.
+
+    python bench/capacity.py [--jobs 160] [--skip-warm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import uvloop
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prorl_async.app import run_server  # noqa: E402
+from prorl_async.capacity import default_max_sandboxes  # noqa: E402
+from prorl_async.client import RolloutClient  # noqa: E402
+from prorl_async.config import load_config  # noqa: E402
+from prorl_async.handler import HandlerRegistry  # noqa: E402
+from prorl_async.sandbox import SandboxLimits  # noqa: E402
+from tests.capacity.budgeted import BudgetedHandler  # noqa: E402
+
+GiB = 1 << 30
+LLM_SLOTS = 16
+MATH = {"init_s": 0.1, "run_s": 1.0, "eval_s": 0.02}
+SWE = {"init_s": 0.3, "run_s": 1.5, "eval_s": 3.0, "eval_sandbox": True}
+STATIC = [
+    (8, 64, 16),  # the defaults
+    (4, 16, 8),
+    (8, 16, 16),
+    (2, 8, 4),
+    (16, 64, 32),
+    (32, 32, 8),
+    (4, 64, 32),
+]
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def workload(n: int) -> list[dict[str, Any]]:
+    rng = random.Random(12)
+    jobs = [{"task": "budgeted", "instance": MATH if i % 2 else SWE} for i in range(n)]
+    rng.shuffle(jobs)
+    return jobs
+
+
+async def run_config(
+    name: str, jobs: list[dict[str, Any]], budget: int, **overrides: Any
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as state:
+        cfg = load_config(
+            overrides={
+                "port": 0,
+                "state_dir": state,
+                "runtime": "local",
+                "max_sandboxes": budget,
+                **overrides,
+            },
+            env={},
+        )
+        registry = HandlerRegistry.discover()
+        registry.register(BudgetedHandler(llm_slots=LLM_SLOTS))
+        async with run_server(cfg, registry) as (_, url), RolloutClient(url) as client:
+            t0 = time.perf_counter()
+            ids = await client.submit_batch(jobs)
+            docs = await drain(client, ids)
+            elapsed = time.perf_counter() - t0
+            status = await client.status()
+    lat = [d["timing"]["total_s"] for d in docs]
+    assert all(d["status"] == "done" for d in docs), {d["status"] for d in docs}
+    return {
+        "name": name,
+        "jobs_s": len(docs) / elapsed,
+        "p50": pct(lat, 0.5),
+        "p99": pct(lat, 0.99),
+        "idle": sum(status["idle_sandbox_seconds"].values()),
+        "peak": status["sandbox_budget"]["peak"],
+        "pools": {k: v["configured"] for k, v in status["pools"].items()},
+    }
+
+
+async def drain(client: RolloutClient, ids: list[str]) -> list[dict[str, Any]]:
+    pending, done = set(ids), []
+    while pending:
+        out = await client.poll(list(pending), wait=5)
+        done += out["done"]
+        pending -= {d["job_id"] for d in out["done"]}
+    return done
+
+
+async def grid(n: int, auto_only: bool = False) -> list[dict[str, Any]]:
+    budget = default_max_sandboxes(SandboxLimits(memory_bytes=GiB))
+    print(f"sandbox budget {budget} (memory / 1 GiB); {n} jobs, half math-like, half swe-like")
+    jobs = workload(n)
+    rows = []
+    for init, run, ev in [] if auto_only else STATIC:
+        name = f"static {init}/{run}/{ev}"
+        pools = {"init_workers": init, "run_workers": run, "eval_workers": ev}
+        rows.append(await run_config(name, jobs, budget, jit_init=False, **pools))
+        print_row(rows[-1])
+    auto = await run_config("autoscale", jobs, budget, autoscale=True)
+    print_row(auto)
+    rows.append(auto)
+    return rows
+
+
+def print_row(r: dict[str, Any]) -> None:
+    pools = "/".join(str(r["pools"][s]) for s in ("init", "run", "eval"))
+    print(
+        f"  {r['name']:<20} {r['jobs_s']:6.2f} jobs/s  p50 {r['p50']:6.2f} s  "
+        f"p99 {r['p99']:6.2f} s  idle {r['idle']:7.1f} sandbox-s  peak {r['peak']:3d}  "
+        f"pools at end {pools}",
+        flush=True,
+    )
+
+
+def verdict(rows: list[dict[str, Any]]) -> None:
+    static, auto = rows[:-1], rows[-1]
+    best = max(static, key=lambda r: r["jobs_s"])
+    median = statistics.median(r["jobs_s"] for r in static)
+    print(f"autoscale / best static ({best['name']}): {auto['jobs_s'] / best['jobs_s']:.2f}x")
+    print(f"autoscale / median static: {auto['jobs_s'] / median:.2f}x")
+    print(f"idle sandbox-s: autoscale {auto['idle']:.1f} vs best static {best['idle']:.1f}")
+
+
+async def warm_init(jobs: int) -> None:
+    from prorl_async.sandbox import bwrap_problem
+    from prorl_async.scripted_llm import ScriptedLLM
+
+    problem = bwrap_problem()
+    if problem is not None:
+        print(f"warm sandboxes: skipped, bwrap unusable here ({problem})")
+        return
+    for warm in (0, 4):
+        inits = await _math_inits(ScriptedLLM, jobs, warm)
+        print(
+            f"  math INIT with warm_sandboxes={warm}: p50 {statistics.median(inits) * 1000:.1f} ms"
+            f"  p99 {pct(inits, 0.99) * 1000:.1f} ms",
+            flush=True,
+        )
+
+
+async def _math_inits(llm_cls: Any, jobs: int, warm: int) -> list[float]:
+    inits = []
+    with tempfile.TemporaryDirectory() as state:
+        cfg = load_config(
+            overrides={"port": 0, "state_dir": state, "runtime": "bwrap", "warm_sandboxes": warm},
+            env={},
+        )
+        async with llm_cls(policy="finish") as llm, run_server(cfg) as (_, url):
+            async with RolloutClient(url) as client:
+                await client.add_llm_server(llm.address)
+                for i in range(jobs):  # one at a time, paced like a trainer's steady stream
+                    job_id = await client.submit("math", {"problem": f"{i}+1?", "answer": "1"})
+                    doc = await client.result(job_id, wait=60)
+                    assert doc is not None and doc["status"] == "done", doc
+                    inits.append(doc["timing"]["init_s"])
+    return inits
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--jobs", type=int, default=160)
+    parser.add_argument("--warm-jobs", type=int, default=20)
+    parser.add_argument("--skip-warm", action="store_true")
+    parser.add_argument("--auto-only", action="store_true", help="only the autoscale run")
+    parser.add_argument("--debug", action="store_true", help="log the autoscaler's decisions")
+    args = parser.parse_args()
+    if args.debug:
+        logging.basicConfig(format="%(relativeCreated)8.0f ms %(message)s")
+        logging.getLogger("prorl_async.capacity.autoscale").setLevel(logging.DEBUG)
+    t0 = time.perf_counter()
+    rows = await grid(args.jobs, args.auto_only)
+    if not args.auto_only:
+        verdict(rows)
+    if not args.skip_warm:
+        await warm_init(args.warm_jobs)
+    print(f"bench wall time {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    uvloop.run(main())

@@ -1,0 +1,144 @@
+"""The sandbox budget: a resizable bound on live sandboxes, shared by every stage.
+
+Every sandbox start takes a slot first (``Runtime.start`` is the one place that does)
+and the slot is given back when the sandbox closes. Waiting for a slot pauses the
+timer of the job whose stage is waiting, like waiting for an LLM backend, so a job
+is never timed out for the server's lack of capacity. Slots are handed out in
+arrival order (no stage can starve another).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from prorl_async.capacity.stats import CURRENT_STAGE
+from prorl_async.timer import current_timer
+
+if TYPE_CHECKING:
+    from prorl_async.sandbox.limits import SandboxLimits
+
+__all__ = ["SandboxBudget", "default_max_sandboxes", "total_memory_bytes"]
+
+_FALLBACK_PER_SANDBOX = 1 << 30
+# The memory limit is an address-space cap (RLIMIT_AS), far above what a sandbox keeps
+# resident (a tool server maps ~0.5 GiB, touches ~60 MiB): below this floor the derived
+# budget would starve the default INIT pool on any machine under 32 GiB.
+MIN_DEFAULT = 8
+
+
+def total_memory_bytes() -> int:
+    """Physical memory of this machine (``MemTotal``)."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def default_max_sandboxes(limits: SandboxLimits, memory: int | None = None) -> int:
+    """As many sandboxes as fit in memory at the per-sandbox memory limit, at least 8.
+
+    Without a memory limit a sandbox is assumed to need 1 GiB.
+    """
+    memory = total_memory_bytes() if memory is None else memory
+    per = limits.memory_bytes or _FALLBACK_PER_SANDBOX
+    return max(MIN_DEFAULT, memory // per)
+
+
+class SandboxBudget:
+    """At most ``capacity`` slots held at once (``None``: unbounded); FIFO waiters."""
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self.capacity = capacity
+        self.live = 0
+        self.peak = 0
+        self.waits = 0
+        self.wait_seconds = 0.0
+        # Slots taken per stage (``None``: outside a stage, e.g. warm sandboxes).
+        self.taken_by: dict[str | None, int] = {}
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._listeners: list[Callable[[], None]] = []
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    @property
+    def free(self) -> int | None:
+        """Slots that could be taken now without waiting (``None``: unbounded)."""
+        if self.capacity is None:
+            return None
+        return max(self.capacity - self.live, 0)
+
+    def on_release(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever a slot may have become free."""
+        self._listeners.append(callback)
+
+    def resize(self, capacity: int | None) -> None:
+        if capacity is not None and capacity < 1:
+            raise ValueError(f"max_sandboxes must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._wake()
+
+    def try_acquire(self, *, behind_waiters: bool = True) -> bool:
+        """Take a slot if one is free (and, by default, nobody is queued for one)."""
+        if behind_waiters and self._waiters:
+            return False
+        if self.capacity is not None and self.live >= self.capacity:
+            return False
+        self._take()
+        self._count()
+        return True
+
+    async def acquire(self) -> None:
+        """Take a slot, waiting in line if none is free; the job's timer is paused meanwhile."""
+        if self.try_acquire():
+            return
+        timer = current_timer()
+        t0 = time.monotonic()
+        self.waits += 1
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(fut)
+        try:
+            if timer is None:
+                await fut
+            else:
+                with timer.paused():
+                    await fut
+        except BaseException:
+            self._abandon(fut)
+            raise
+        finally:
+            self.wait_seconds += time.monotonic() - t0
+        self._count()
+
+    def release(self) -> None:
+        """Give a slot back (a sandbox closed, or a start failed)."""
+        self.live -= 1
+        self._wake()
+        for callback in self._listeners:
+            callback()
+
+    def _count(self) -> None:
+        stage = CURRENT_STAGE.get()  # the taker's own context
+        self.taken_by[stage] = self.taken_by.get(stage, 0) + 1
+
+    def _take(self) -> None:
+        self.live += 1
+        self.peak = max(self.peak, self.live)
+
+    def _abandon(self, fut: asyncio.Future[None]) -> None:
+        if fut.done() and not fut.cancelled():
+            self.release()  # granted just as the waiter went away: hand it on
+        else:
+            fut.cancel()
+            if fut in self._waiters:
+                self._waiters.remove(fut)
+
+    def _wake(self) -> None:
+        while self._waiters and (self.capacity is None or self.live < self.capacity):
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self._take()
+                fut.set_result(None)

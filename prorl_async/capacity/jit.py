@@ -1,0 +1,75 @@
+"""Just-in-time INIT: start a sandbox only when RUN will take it soon.
+
+A job INIT prepares holds its sandbox until RUN ends; if it then waits in the RUN
+queue, the sandbox sits idle holding memory and budget. By Little's law RUN takes
+``rate = busy_run / W_run`` jobs per second, so a RUN queue of ``rate * W_init``
+jobs covers the time INIT needs to prepare the next one. INIT may therefore start a
+job while
+
+    queued_run + busy_init < free_run_workers + ceil(rate * W_init) + 1
+
+(the ``+ 1`` absorbs jitter; before RUN has finished anything the target is 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from prorl_async.capacity.stats import Pulse, StageStats
+
+__all__ = ["JitGate", "run_queue_target"]
+
+
+def run_queue_target(run: StageStats, init: StageStats, busy_run: int) -> int:
+    """RUN queue depth that covers INIT's latency at RUN's completion rate."""
+    # INIT's active time: how long preparing a job takes once it has its sandbox slot (a
+    # wait for a slot is not covered by queueing: that slot frees only as RUN finishes).
+    w_run, w_init = run.service.value, init.active.value
+    if not w_run or w_init is None or busy_run <= 0:
+        return 1
+    rate = busy_run / w_run
+    return math.ceil(rate * w_init) + 1
+
+
+class JitGate:
+    """INIT workers wait here (holding the next job, still queued) until it is time."""
+
+    def __init__(
+        self,
+        *,
+        changed: Pulse,
+        queued_run: Callable[[], int],
+        busy: Callable[[str], int],
+        run_workers: Callable[[], int],
+        stats: dict[str, StageStats],
+        enabled: bool = True,
+    ) -> None:
+        self.enabled = enabled
+        self.waiting = 0
+        self._changed = changed
+        self._queued_run = queued_run
+        self._busy = busy
+        self._run_workers = run_workers
+        self._stats = stats
+
+    def target(self) -> int:
+        return run_queue_target(self._stats["run"], self._stats["init"], self._busy("run"))
+
+    def open(self) -> bool:
+        """Whether INIT may start one more job now."""
+        if not self.enabled:
+            return True
+        free_run = max(self._run_workers() - self._busy("run"), 0)
+        return self._queued_run() + self._busy("init") < free_run + self.target()
+
+    async def wait(self, skip: Callable[[], bool] = lambda: False) -> None:
+        """Return once INIT may start a job (re-checked on every pipeline change) or ``skip()``."""
+        if self.open() or skip():
+            return
+        self.waiting += 1
+        try:
+            while not self.open() and not skip():
+                await self._changed.wait()
+        finally:
+            self.waiting -= 1

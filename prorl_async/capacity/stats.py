@@ -1,0 +1,96 @@
+"""What the capacity controls measure: per-stage service times, arrivals, idle sandboxes."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import time
+
+__all__ = ["CURRENT_STAGE", "Ewma", "Pulse", "RateMeter", "StageStats"]
+
+# The stage whose task is running (set by the pipeline in each stage task's own context),
+# so the sandbox budget can tell which stage took a slot.
+CURRENT_STAGE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "prorl_current_stage", default=None
+)
+
+
+class Ewma:
+    """Exponentially weighted mean; ``value`` is ``None`` until the first sample."""
+
+    __slots__ = ("alpha", "value", "count")
+
+    def __init__(self, alpha: float = 0.05) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+        self.count = 0
+
+    def add(self, sample: float) -> None:
+        self.count += 1
+        if self.value is None:
+            self.value = sample
+        else:
+            self.value += self.alpha * (sample - self.value)
+
+
+class RateMeter:
+    """Events per second over a sliding window of ``window_s`` (counts kept per
+    ``tick_s`` bucket: constant cost per event at any rate)."""
+
+    def __init__(self, window_s: float = 5.0, tick_s: float = 0.25) -> None:
+        self.window_s = window_s
+        self.tick_s = tick_s
+        self._buckets: collections.deque[list[float]] = collections.deque()  # [start, n]
+        self._started = time.monotonic()
+
+    def add(self, n: int = 1) -> None:
+        now = time.monotonic()
+        if self._buckets and now - self._buckets[-1][0] < self.tick_s:
+            self._buckets[-1][1] += n
+        else:
+            self._buckets.append([now, n])
+            self._trim(now)
+
+    def rate(self) -> float:
+        now = time.monotonic()
+        self._trim(now)
+        span = min(self.window_s, max(now - self._started, 1.0))
+        return sum(n for _, n in self._buckets) / span
+
+    def _trim(self, now: float) -> None:
+        cut = now - self.window_s
+        while self._buckets and self._buckets[0][0] < cut:
+            self._buckets.popleft()
+
+
+class StageStats:
+    """Service time (wall seconds in the stage; ``active``: timer-running seconds, i.e.
+    without waits for a backend or a sandbox slot) and completions of one stage."""
+
+    def __init__(self) -> None:
+        self.service = Ewma()
+        self.active = Ewma()
+        self.completions = RateMeter()
+        self.arrivals = RateMeter()
+        self.idle_sandbox_seconds = 0.0
+
+    def finished(self, wall_s: float, active_s: float) -> None:
+        self.service.add(wall_s)
+        self.active.add(active_s)
+        self.completions.add()
+
+
+class Pulse:
+    """Wakes every current waiter when something changed (no state, no lost wake-ups for
+    waiters that re-check their condition after each wake)."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self) -> None:
+        await self._event.wait()

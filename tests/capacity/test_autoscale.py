@@ -1,0 +1,123 @@
+"""The autoscaler: the control law on a real pipeline, then the server under load."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import sys
+
+import pytest
+
+from prorl_async.capacity import AutoscaleConfig, Autoscaler, SandboxBudget
+from prorl_async.config import ConfigError, load_config
+from prorl_async.job import Stage
+from prorl_async.pipeline import Pipeline
+from prorl_async.store import MemoryJobStore
+from tests.capacity.budgeted import BudgetedHandler
+from tests.capacity.test_budget import scrape
+from tests.serverutil import ServerFactory
+
+
+def _pipeline() -> Pipeline:
+    store = MemoryJobStore(retention_s=60, tombstone_s=60)
+    return Pipeline(store=store, workers={Stage.INIT: 4, Stage.RUN: 4, Stage.EVAL: 4})
+
+
+def test_littles_law_sizes_and_hysteresis(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="prorl_async.capacity.autoscale")
+    pipe = _pipeline()
+    budget = SandboxBudget(20)
+    cfg = AutoscaleConfig(shrink_after=3, run_max=100)
+    scaler = Autoscaler(pipe, lambda: budget, cfg)
+    assert scaler.tick() == []  # nothing measured yet: no guess
+    # INIT: 0.2 s active (plus 0.3 s waiting for a slot); RUN 2 s; EVAL 0.1 s, no sandbox.
+    pipe.stats["init"].finished(0.5, 0.2)
+    pipe.stats["run"].finished(2.0, 2.0)
+    pipe.stats["eval"].finished(0.1, 0.1)
+    budget.taken_by["init"] = 1  # INIT took a slot per job, EVAL none
+    per_job = scaler.sandbox_seconds_per_job()
+    assert per_job is not None and math.isclose(per_job, 0.2 + 2.0)
+    x_max = scaler.max_throughput()
+    assert x_max is not None and math.isclose(x_max, 20 / 2.2)
+    pipe.queued[Stage.INIT] = 50  # backlogs: carry all the budget allows
+    pipe.queued[Stage.RUN] = 5
+    # RUN needs ceil(X * W) + 1 = 20: it grows at once. INIT wants 3 and EVAL (empty
+    # queue, nothing arriving) 1, fewer than their 4: a shrink waits for three ticks.
+    made = {d.stage: d.new for d in scaler.tick()}
+    assert made == {"run": math.ceil(x_max * 2.0) + 1} == {"run": 20}
+    assert scaler.desired("init", x_max) == 3
+    assert pipe.workers[Stage.INIT] == 4 and pipe.workers[Stage.RUN] == 20
+    assert "autoscale run: 4 -> 20 workers (X=9.09 jobs/s * W=2.000s)" in caplog.text
+    # Demand collapses: empty queues, nothing arriving.
+    pipe.queued[Stage.INIT] = pipe.queued[Stage.RUN] = 0
+    assert scaler.tick() == []
+    assert {d.stage: d.new for d in scaler.tick()} == {"init": 1, "eval": 1}
+    assert {d.stage: d.new for d in scaler.tick()} == {"run": 1}
+    assert pipe.workers == {Stage.INIT: 1, Stage.RUN: 1, Stage.EVAL: 1}
+    assert scaler.decisions[("run", "up")] == 1 and scaler.decisions[("run", "down")] == 1
+
+
+def test_run_is_capped_at_what_the_backends_serve() -> None:
+    pipe = _pipeline()
+    scaler = Autoscaler(pipe, lambda: SandboxBudget(100), AutoscaleConfig())
+    pipe.stats["run"].finished(4.0, 1.0)  # 3 of every 4 seconds waiting for a backend
+    pipe.active[Stage.RUN] = 8  # so only about 2 of the 8 are decoding
+    assert scaler.desired("run", 50.0) == math.ceil(8 * 1.0 / 4.0) + 1
+    pipe.stats["run"] = type(pipe.stats["run"])()
+    pipe.stats["run"].finished(1.0, 1.0)  # no backend wait: Little's law alone
+    assert scaler.desired("run", 50.0) == 51
+
+
+async def test_autoscale_grows_pools_under_load_within_the_budget(
+    make_server: ServerFactory,
+) -> None:
+    handler = BudgetedHandler()
+    autoscaling = {"interval_s": 0.2, "run_max": 32}
+    async with make_server(
+        handlers=(handler,),
+        runtime="local",
+        max_sandboxes=6,
+        init_workers=1,
+        run_workers=1,
+        eval_workers=1,
+        autoscale=True,
+        autoscaling=autoscaling,
+    ) as srv:
+        pipe = srv.service.pipeline
+        instance = {"init_s": 0.02, "run_s": 0.3, "eval_s": 0.02}
+        ids = await srv.client.submit_batch([{"task": "budgeted", "instance": instance}] * 60)
+        peak_run = 0
+        pending = set(ids)
+        while pending:
+            polled = await srv.client.poll(list(pending), wait=0.1)
+            pending -= {r["job_id"] for r in polled["done"]}
+            peak_run = max(peak_run, pipe.active[Stage.RUN])
+        status = await srv.client.status()
+        assert status["autoscale"] is True
+        # One RUN worker at the start; the budget of 6 allows ~6 at once and it got there.
+        assert peak_run >= 4 and pipe.pools[Stage.RUN].size >= 4, (peak_run, status["pools"])
+        assert srv.service.services.runtime.budget.peak <= 6
+        text = await scrape(srv.url)
+        assert 'prorl_autoscale_decisions_total{direction="up",stage="run"}' in text
+
+
+def test_autoscaling_bounds_from_config_and_errors_name_the_field() -> None:
+    cfg = load_config(overrides={"autoscale": True, "autoscaling": {"run_max": 9}}, env={})
+    assert cfg.autoscale and cfg.autoscaling.bounds("run") == (1, 9)
+    with pytest.raises(ConfigError, match="run_min/run_max"):
+        load_config(overrides={"autoscaling": {"run_min": 5, "run_max": 2}}, env={})
+    with pytest.raises(ConfigError, match="warm_sandboxes"):
+        load_config(overrides={"warm_sandboxes": -1}, env={})
+    env = {"PRORL_MAX_SANDBOXES": "12", "PRORL_AUTOSCALE": "true"}
+    cfg = load_config(env=env)
+    assert cfg.max_sandboxes == 12 and cfg.autoscale is True
+
+
+async def test_cli_max_sandboxes_0_exits_2_naming_it() -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "prorl_async.cli", "serve", "--autoscale", "--max-sandboxes", "0",
+        stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await proc.communicate()
+    assert proc.returncode == 2 and b"max_sandboxes must be >= 1" in err

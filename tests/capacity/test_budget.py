@@ -1,0 +1,111 @@
+"""The sandbox budget: a unit check of slot order and timer pausing, then real bwrap
+sandboxes through HTTP with ``max_sandboxes=8`` and 40 jobs."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from prorl_async.capacity import SandboxBudget, default_max_sandboxes
+from prorl_async.sandbox import SandboxLimits
+from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
+from prorl_async.timer import PausableTimer
+from tests.handlers.policies import require_bwrap
+from tests.serverutil import ServerFactory, eventually
+
+GiB = 1 << 30
+
+
+async def test_waiting_for_a_slot_pauses_the_job_timer() -> None:
+    budget = SandboxBudget(1)
+    assert budget.try_acquire()
+    timer = PausableTimer(budget=10.0)
+    loop = asyncio.get_running_loop()
+    freed = loop.time()
+
+    def free() -> None:
+        nonlocal freed
+        freed = loop.time()
+        budget.release()
+
+    loop.call_later(0.3, free)
+    async with timer.deadline():
+        await budget.acquire()  # waits ~0.3 s for the slot
+        got = loop.time()
+    assert got >= freed and budget.waits == 1 and budget.wait_seconds >= 0.25
+    # The wait was not charged to the job: only the instants around it ran the timer.
+    assert timer.elapsed() < 0.1, timer.elapsed()
+    assert budget.live == 1 and budget.peak == 1
+
+
+async def test_slots_go_in_arrival_order_and_a_gone_waiter_hands_its_slot_on() -> None:
+    budget = SandboxBudget(1)
+    assert budget.try_acquire()
+    order: list[str] = []
+
+    async def take(name: str) -> None:
+        await budget.acquire()
+        order.append(name)
+
+    first = asyncio.create_task(take("first"))
+    second = asyncio.create_task(take("second"))
+    await eventually(lambda: budget.waiting == 2)
+    first.cancel()
+    budget.release()
+    await asyncio.wait_for(second, 5)
+    assert order == ["second"] and budget.live == 1 and budget.waiting == 0
+    with pytest.raises(asyncio.CancelledError):
+        await first
+
+
+def test_default_budget_is_memory_over_the_per_sandbox_limit() -> None:
+    assert default_max_sandboxes(SandboxLimits(memory_bytes=2 * GiB), memory=64 * GiB) == 32
+    # No memory limit: 1 GiB each; never below the floor of 8.
+    assert default_max_sandboxes(SandboxLimits(memory_bytes=None), memory=16 * GiB) == 16
+    assert default_max_sandboxes(SandboxLimits(memory_bytes=4 * GiB), memory=8 * GiB) == 8
+    with pytest.raises(ValueError, match="max_sandboxes"):
+        SandboxBudget().resize(0)
+
+
+async def test_max_sandboxes_8_with_40_jobs_never_exceeds_8_and_all_finish(
+    make_server: ServerFactory,
+) -> None:
+    require_bwrap()
+    latency = LatencyModel(ttft_s=0.05)
+    async with (
+        ScriptedLLM(policy="finish", latency=latency) as llm,
+        make_server(runtime="bwrap", max_sandboxes=8, init_workers=16) as srv,
+    ):
+        await srv.client.add_llm_server(llm.address)
+        jobs = [{"task": "sandbox", "instance": {"prompt": f"p{i}"}} for i in range(40)]
+        ids = await srv.client.submit_batch(jobs)
+        samples: list[dict[str, Any]] = []
+        pending = set(ids)
+        async with asyncio.timeout(100):
+            while pending:
+                samples.append(await srv.client.status())
+                polled = await srv.client.poll(list(pending), wait=0.05)
+                pending -= {r["job_id"] for r in polled["done"]}
+                assert all(r["status"] == "done" for r in polled["done"]), polled["done"]
+        budget = srv.service.services.runtime.budget
+        assert max(s["sandboxes"] for s in samples) <= 8
+        assert max(s["sandbox_budget"]["live"] for s in samples) <= 8
+        assert budget.peak <= 8  # exact, not sampled
+        # 16 INIT workers really competed for 8 slots: some starts had to wait.
+        assert budget.peak == 8 and budget.waits > 0
+        assert any(s["sandbox_budget"]["waiting"] > 0 for s in samples)
+        status = await srv.client.status()
+        assert status["sandbox_budget"]["max"] == 8 and status["sandbox_budget"]["live"] == 0
+        metrics = await scrape(srv.url)
+        assert "prorl_sandbox_budget 8.0" in metrics
+        assert "prorl_sandbox_budget_waiting 0.0" in metrics
+        assert "prorl_sandbox_budget_wait_seconds_total" in metrics
+
+
+async def scrape(url: str) -> str:
+    import aiohttp
+
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as resp:
+        return await resp.text()

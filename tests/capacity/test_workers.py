@@ -1,0 +1,85 @@
+"""``POST /workers`` resizes stage pools at run time; shrinking never cancels a job."""
+
+from __future__ import annotations
+
+import pytest
+
+from prorl_async.client import BadRequestError
+from tests.capacity.test_budget import scrape
+from tests.gate import GateHandler
+from tests.serverutil import ServerFactory, eventually
+
+
+def _in_run(gate: GateHandler, ids: list[str]) -> set[str]:
+    """Jobs that entered RUN (blocked there until released)."""
+    return {j for j in ids if gate.event(j, "run").is_set()}
+
+
+async def test_resize_up_and_down_under_load_never_cancels(
+    make_server: ServerFactory, gate: GateHandler
+) -> None:
+    async with make_server(run_workers=2) as srv:
+        svc = srv.service
+        ids = await srv.client.submit_batch([{"task": "gate", "instance": {"block": ["run"]}}] * 12)
+        await eventually(lambda: svc.pipeline.active[_run()] == 2)
+        assert len(_in_run(gate, ids)) == 2
+
+        status = await srv.client.set_workers(run=6)
+        assert status["workers"]["run"] == 6 and status["pools"]["run"]["configured"] == 6
+        # Observed concurrency follows: six jobs are inside RUN at once now.
+        await eventually(lambda: svc.pipeline.active[_run()] == 6)
+        assert len(_in_run(gate, ids)) == 6
+
+        status = await srv.client.set_workers(run=1)
+        pool = status["pools"]["run"]
+        # Nobody was cancelled: the six busy workers stay until their job ends.
+        assert pool == {"configured": 1, "live": 6, "busy": 6}
+        assert svc.pipeline.active[_run()] == 6 and not gate.released
+        running = sorted(_in_run(gate, ids))
+        for job_id in running:
+            gate.release(job_id)
+        await eventually(lambda: svc.pipeline.pools[_run()].live == 1)
+        # From now on one job at a time: release whoever enters RUN until all are done.
+        seen_at_once = 0
+        while len(running) < len(ids):
+            await eventually(lambda: bool(_in_run(gate, ids) - set(running)))
+            seen_at_once = max(seen_at_once, svc.pipeline.active[_run()])
+            (job_id,) = _in_run(gate, ids) - set(running)
+            gate.release(job_id)
+            running.append(job_id)
+        assert seen_at_once == 1
+        results = [await srv.client.result(j, wait=10) for j in ids]
+        assert [r["status"] for r in results if r] == ["done"] * len(ids)
+
+        text = await scrape(srv.url)
+        assert 'prorl_stage_workers{stage="run",state="configured"} 1.0' in text
+        assert 'prorl_stage_workers{stage="init",state="configured"} 8.0' in text
+        assert 'prorl_stage_workers{stage="run",state="busy"} 0.0' in text
+
+
+def _run():  # type: ignore[no-untyped-def]
+    from prorl_async.job import Stage
+
+    return Stage.RUN
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [({"run": 0}, "run"), ({"bogus": 1}, "bogus"), ({"eval": "x"}, "eval")],
+)
+async def test_bad_resize_names_the_field(
+    make_server: ServerFactory, body: dict[str, object], needle: str
+) -> None:
+    import aiohttp
+
+    async with make_server() as srv, aiohttp.ClientSession() as session:
+        async with session.post(srv.url + "/workers", json=body) as resp:
+            assert resp.status == 400
+            assert needle in (await resp.json())["detail"]
+        assert (await srv.client.status())["workers"] == {"init": 8, "run": 64, "eval": 16}
+
+
+async def test_client_rejects_zero(make_server: ServerFactory) -> None:
+    async with make_server() as srv:
+        with pytest.raises(BadRequestError):
+            await srv.client.set_workers(init=0)
