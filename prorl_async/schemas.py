@@ -147,7 +147,8 @@ class BackendInfo(msgspec.Struct, frozen=True):
     weight_version: int | str | None
 
 
-_Workers = Annotated[int, msgspec.Meta(ge=1, le=100_000)]
+# Each worker is a task: a bound keeps one resize from stalling the loop (10k: ~50 ms).
+_Workers = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
 
 
 class WorkersRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
