@@ -19,6 +19,7 @@ __all__ = [
     "Problem",
     "ProcessRequest",
     "RemoveLLMServerRequest",
+    "StoreInfo",
     "ResultDoc",
     "StatusResponse",
     "Timing",
@@ -122,6 +123,8 @@ class ResultDoc(msgspec.Struct, frozen=True, kw_only=True):
     timing: Timing
     eval: dict[str, Any]
     metadata: dict[str, Any]
+    # Server restarts the job went through before it finished (API.md "Durability").
+    restarts: int = 0
 
 
 class PollResponse(msgspec.Struct, frozen=True):
@@ -144,6 +147,15 @@ class BackendInfo(msgspec.Struct, frozen=True):
     weight_version: int | str | None
 
 
+class StoreInfo(msgspec.Struct, frozen=True):
+    """The job store: ``sqlite`` (durable) or ``memory``; its size and cached results."""
+
+    kind: str
+    rows: int
+    bytes: int
+    cache_bytes: int
+
+
 class StatusResponse(msgspec.Struct, frozen=True):
     state: Literal["running", "stopped"]
     queues: dict[str, int]
@@ -156,6 +168,7 @@ class StatusResponse(msgspec.Struct, frozen=True):
     backend_waiting: int = 0
     # Job records in the store (live + retained results); bounded by retention.
     records: int = 0
+    store: StoreInfo | None = None
 
 
 class Problem(msgspec.Struct, frozen=True):

@@ -11,6 +11,7 @@ import uvloop
 
 from prorl_async.app import run_server
 from prorl_async.config import ServerConfig
+from prorl_async.store import StateDirBusy, StoreError
 
 __all__ = ["serve", "serve_forever"]
 
@@ -45,7 +46,11 @@ def serve(config: ServerConfig) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     _tune_gc()
-    uvloop.run(serve_forever(config))
+    try:
+        uvloop.run(serve_forever(config))
+    except (StateDirBusy, StoreError) as exc:
+        log.error("refusing to start: %s", exc)
+        return 2
     return 0
 
 
