@@ -31,6 +31,7 @@ from bench._server import rss_mib, server  # noqa: E402
 from prorl_async.client import RolloutClient  # noqa: E402
 
 SLEEP0 = {"task": "sleep", "instance": {}}
+Rows = list[tuple[str, str]]
 
 
 def pct(values: list[float], q: float) -> float:
