@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
+import msgspec
 
 from prorl_async.client import RolloutClient
 from tests.serverutil import ServerFactory, eventually, server_process
@@ -139,3 +140,21 @@ async def test_corrupt_database_refuses_then_reset_state_sets_it_aside(tmp_path:
             await client.result(await client.submit("sleep", {}), wait=10)
     aside = [p for p in state.iterdir() if p.name.startswith("jobs.sqlite3.")]
     assert [p.read_bytes() for p in aside if not p.name.endswith(("-wal", "-shm"))] == [garbage]
+
+
+async def test_result_cache_is_bounded_and_misses_read_the_file(make_server: ServerFactory) -> None:
+    big = {"task": "sleep", "instance": {"result_tokens": 4096}}  # ~70 KB result documents
+    async with make_server(result_cache_bytes=200_000) as srv:
+        ids = await srv.client.submit_batch([big] * 12)
+        async with aiohttp.ClientSession() as s:
+            first = {}
+            for job_id in ids:
+                async with s.get(f"{srv.url}/jobs/{job_id}?wait=20") as r:
+                    assert r.status == 200
+                    first[job_id] = await r.read()
+            st = (await srv.client.status())["store"]
+            assert 0 < st["cache_bytes"] <= 200_000 < sum(len(b) for b in first.values())
+            for job_id in ids:  # the early ones were evicted: read back from the file
+                async with s.get(f"{srv.url}/jobs/{job_id}") as r:
+                    assert await r.read() == first[job_id]
+        assert len(msgspec.json.decode(first[ids[0]])["prompt_ids"]) == 2048
