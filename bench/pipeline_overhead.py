@@ -58,6 +58,8 @@ async def drain(client: RolloutClient, ids: list[str]) -> list[dict]:
     pending, done = list(ids), []
     while pending:
         out = await client.poll(pending[:5000], wait=5)
+        if out["unknown"]:  # expired before it was read: raise --retention
+            raise RuntimeError(f"{len(out['unknown'])} results expired before being polled")
         done += out["done"]
         finished = {d["job_id"] for d in out["done"]}
         pending = [i for i in pending if i not in finished]
@@ -251,7 +253,7 @@ async def main() -> None:
     ap.add_argument("--timed-jobs", type=int, default=5_000)
     ap.add_argument("--inflight", type=int, default=256)
     ap.add_argument("--batch", type=int, default=500)
-    ap.add_argument("--retention", type=float, default=3.0)
+    ap.add_argument("--retention", type=float, default=10.0)
     ap.add_argument("--large", type=int, default=2_000)
     ap.add_argument("--rounds", type=int, default=2, help="alternate the stores; keep the best")
     args = ap.parse_args()
