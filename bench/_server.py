@@ -6,8 +6,9 @@ import asyncio
 import os
 import re
 import sys
+import tempfile
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 
 
 def rss_mib(pid: int) -> float:
@@ -41,7 +42,20 @@ def tcp_connections(pid: int, port: int) -> int:
 
 @asynccontextmanager
 async def server(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[tuple[int, str]]:
-    """A ``prorl-async serve`` process on a free port: yields (pid, base URL)."""
+    """A ``prorl-async serve`` process on a free port: yields (pid, base URL).
+
+    Without ``--state-dir`` in ``args`` it gets a fresh temporary one (never the user's).
+    """
+    async with AsyncExitStack() as stack:
+        if "--state-dir" not in args:
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="prorl-bench-"))
+            args = (*args, "--state-dir", tmp)
+        async with _serve(*args, env=env) as out:
+            yield out
+
+
+@asynccontextmanager
+async def _serve(*args: str, env: dict[str, str] | None) -> AsyncIterator[tuple[int, str]]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -19,6 +19,9 @@ class SleepInstance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     eval_s: NonNeg = 0.0
     fail_in: Literal["init", "run", "eval"] | None = None
     reward: float = 1.0
+    # A synthetic trajectory of this many tokens (half prompt, half response) in the
+    # result, to load-test large result documents; 0 keeps the result small.
+    result_tokens: Annotated[int, msgspec.Meta(ge=0, le=1_000_000)] = 0
 
 
 class SleepFailure(RuntimeError):
@@ -43,7 +46,27 @@ class SleepHandler(AgentHandler):
 
     async def run(self, job: Job) -> None:
         await self._stage(job, "run", job.instance.run_s)
+        if job.instance.result_tokens:
+            job.trajectory = SyntheticTrajectory(job.instance.result_tokens)
 
     async def eval(self, job: Job) -> None:
         await self._stage(job, "eval", job.instance.eval_s)
         job.reward = job.instance.reward
+
+
+class SyntheticTrajectory:
+    """A made-up trajectory of ``tokens`` ids with logprobs, the size of a real long one."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+
+    def to_result(self) -> dict[str, Any]:
+        half = self.tokens // 2
+        response = self.tokens - half
+        return {
+            "prompt_ids": [(i * 7919) % 151_000 for i in range(half)],
+            "response_ids": [(i * 104_729) % 151_000 for i in range(response)],
+            "response_mask": [1] * response,
+            "response_logprobs": [-((i % 97) / 31) for i in range(response)],
+            "turns": [{"role": "assistant", "text": "", "tokens": response}],
+        }

@@ -51,6 +51,7 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     from prorl_async.setup import open_services  # optional parts: pool, runtime, tokenizer
 
     service = app[SERVICE]
+    service.open()  # the state dir lock first: nothing below may touch another server's state
     async with open_services(service.services):
         service.start()
         try:
@@ -97,7 +98,9 @@ async def run_server(
         try:
             host, port = sock.getsockname()[:2]
             url_host = f"[{host}]" if ":" in host else host
-            yield app, f"http://{url_host}:{port}"
+            url = f"http://{url_host}:{port}"
+            app[SERVICE].announce(url)
+            yield app, url
         finally:
             listener.close()  # stop intake; the runner then closes the connections
     finally:

@@ -27,6 +27,17 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     p.add_argument("--run-workers", type=int)
     p.add_argument("--eval-workers", type=int)
     p.add_argument("--state-dir", help="where the server writes (default: per-user cache dir)")
+    p.add_argument("--store", help="job store: sqlite (durable, default) or memory")
+    p.add_argument(
+        "--on-restart", help="unfinished jobs of a dead server: requeue (default) or fail"
+    )
+    p.add_argument("--retention-s", type=float, help="seconds results are kept (default 3600)")
+    p.add_argument(
+        "--reset-state",
+        action="store_true",
+        default=None,
+        help="move an unreadable job database aside (renamed with a timestamp) and start",
+    )
     p.add_argument("--tokenizer", help="Hugging Face tokenizer directory (default: bundled demo)")
     p.add_argument("--runtime", help="sandbox runtime: auto|bwrap|apptainer|local")
     p.add_argument("--max-model-len", type=int)
@@ -59,6 +70,10 @@ def _serve(args: argparse.Namespace) -> int:
         "run_workers",
         "eval_workers",
         "state_dir",
+        "store",
+        "on_restart",
+        "retention_s",
+        "reset_state",
         "tokenizer",
         "runtime",
         "max_model_len",

@@ -51,6 +51,14 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     retention_s: float = 3600.0
     # Ids of cancelled jobs are remembered this long so a late resubmit cannot resurrect them.
     tombstone_s: float = 86_400.0
+    # Job store: sqlite (durable, <state_dir>/jobs.sqlite3) or memory (lost on exit).
+    store: str = "sqlite"
+    # Jobs a dead server accepted and never finished: requeue (run again) or fail them.
+    on_restart: str = "requeue"
+    # Result documents kept in memory by the sqlite store (the rest is read from the file).
+    result_cache_bytes: int = 64 * 1024 * 1024
+    # Move an unreadable job database aside (renamed with a timestamp) instead of refusing.
+    reset_state: bool = False
     max_body_bytes: int = 8 * 1024 * 1024
     # A request's header block, and its body, must arrive within this many seconds;
     # a connection that sends nothing is closed after it. A long-poll is not cut.
@@ -151,6 +159,12 @@ def _check(cfg: ServerConfig) -> None:
             raise ConfigError(f"{name} must be >= 1, got {getattr(cfg, name)}")
     if cfg.runtime not in ("auto", "bwrap", "apptainer", "local"):
         raise ConfigError(f"runtime must be auto, bwrap, apptainer or local, got {cfg.runtime!r}")
+    if cfg.store not in ("sqlite", "memory"):
+        raise ConfigError(f"store must be sqlite or memory, got {cfg.store!r}")
+    if cfg.on_restart not in ("requeue", "fail"):
+        raise ConfigError(f"on_restart must be requeue or fail, got {cfg.on_restart!r}")
+    if cfg.result_cache_bytes < 0:
+        raise ConfigError(f"result_cache_bytes must be >= 0, got {cfg.result_cache_bytes}")
     for name in ("default_timeout_s", "max_wait_s", "retention_s", "read_timeout_s", "keepalive_s"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")

@@ -8,7 +8,7 @@ import time
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from prorl_async.schemas import ErrorInfo
+from prorl_async.schemas import ErrorInfo, ProcessRequest
 from prorl_async.timer import PausableTimer
 
 if TYPE_CHECKING:
@@ -68,6 +68,10 @@ class Job:
         self.state: dict[str, Any] = {}
         self.error: ErrorInfo | None = None
         self.result: bytes | None = None
+        # The accepted request (a durable store writes it so a restart can run it again).
+        self.request: ProcessRequest | None = None
+        # How many server restarts this job went through (requeued each time).
+        self.restarts = 0
         self.cancel_requested = False
         self.stage_task: asyncio.Task[Any] | None = None
         self.stage_active: dict[Stage, float] = {}

@@ -28,6 +28,7 @@ class LiveState:
         backends: Callable[[], list[dict[str, Any]]],
         backend_waiting: Callable[[], int],
         unfinished: Callable[[], int],
+        store: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.queues = queues
         self.active = active
@@ -36,6 +37,8 @@ class LiveState:
         self.backends = backends
         self.backend_waiting = backend_waiting
         self.unfinished = unfinished
+        # rows, bytes (file size) and cache_bytes of the job store
+        self.store = store if store is not None else dict
 
 
 class _LiveCollector(Collector):
@@ -58,11 +61,22 @@ class _LiveCollector(Collector):
             "RUN stages waiting for an LLM backend (timer paused)",
             value=s.backend_waiting(),
         )
+        store = s.store()
+        for key, doc in _STORE_GAUGES.items():
+            if key in store:
+                yield GaugeMetricFamily(f"prorl_store_{key}", doc, value=store[key])
         backends = s.backends()
         inflight = {b["address"]: b["inflight"] for b in backends}
         yield _labelled("prorl_backend_inflight", "Jobs holding each backend", "backend", inflight)
         healthy = {b["address"]: int(b["healthy"]) for b in backends}
         yield _labelled("prorl_backend_healthy", "1 if the backend is healthy", "backend", healthy)
+
+
+_STORE_GAUGES = {
+    "rows": "Job records in the store (live and retained results)",
+    "bytes": "Size of the job store in bytes (database and WAL file, or results held)",
+    "cache_bytes": "Bytes of result documents held in memory",
+}
 
 
 def _labelled(name: str, doc: str, label: str, values: dict[str, int]) -> GaugeMetricFamily:

@@ -137,6 +137,11 @@ class Pipeline:
         self.store.add(job)
         self._enqueue(job, Stage.INIT)
 
+    def fail_now(self, job: Job, error: ErrorInfo) -> None:
+        """Record ``job`` as accepted and finish it ``failed`` at once (never queued)."""
+        self.store.add(job)
+        self._finish(job, "failed", error)
+
     async def cancel(self, job: Job) -> bool:
         """Cancel a job wherever it is; returns False if it had already finished.
 
@@ -292,7 +297,7 @@ class Pipeline:
         job.finished_at = time.monotonic()
         job.result = encode_result(job)
         # The encoded result is all that is kept: drop the heavy live state.
-        job.instance = job.trajectory = None
+        job.instance = job.trajectory = job.request = None
         job.state.clear()
         self.store.finished(job)
         if self.observer is not None:

@@ -73,6 +73,7 @@ def encode_result(job: Job) -> bytes:
     doc["timing"] = timing(job)
     doc["eval"] = job.eval
     doc["metadata"] = job.metadata
+    doc["restarts"] = job.restarts
     for key, value in _extra(job).items():
         doc.setdefault(key, value)  # extras never overwrite contract fields
     try:
@@ -93,6 +94,7 @@ _CONTRACT_KEYS = frozenset(
         "timing",
         "eval",
         "metadata",
+        "restarts",
         *_EMPTY_TRAJECTORY,
     ]
 )

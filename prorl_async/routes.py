@@ -103,7 +103,9 @@ def _service(request: web.Request) -> RolloutService:
 @routes.post("/process")
 async def process(request: web.Request) -> web.Response:
     req = await _decode(request, ProcessRequest)
-    job_id, status, created = _service(request).submit(req)
+    svc = _service(request)
+    job_id, status, created = svc.submit(req)
+    await svc.store.sync()  # the job is on disk before the client hears it was accepted
     if created:  # API.md: a new job answers {"status": "queued"}
         return _json(SubmitResponse(job_id=job_id, status="queued"), 202)
     return _json(SubmitResponse(job_id=job_id, status=status), 200)
@@ -115,7 +117,9 @@ async def process_batch(request: web.Request) -> web.Response:
     svc = _service(request)
     if len(req.jobs) > svc.config.max_batch:
         raise PayloadTooLarge(f"jobs: {len(req.jobs)} jobs, over max_batch={svc.config.max_batch}")
-    return _json(BatchResponse(job_ids=svc.submit_batch(req.jobs)), 202)
+    ids = svc.submit_batch(req.jobs)
+    await svc.store.sync()
+    return _json(BatchResponse(job_ids=ids), 202)
 
 
 @routes.get("/jobs/{job_id}")
@@ -124,28 +128,40 @@ async def get_job(request: web.Request) -> web.Response:
     svc = _service(request)
     job_id = request.match_info["job_id"]
     job = svc.store.get(job_id)
-    if job is None:
+    if job is not None:
+        await svc.wait_any([job], wait)
+    body = svc.store.result(job_id)
+    if body is not None:
+        return web.Response(body=body, content_type="application/json")
+    status = svc.store.status(job_id)
+    if status is None:
         raise NotFound(f"job_id: unknown job {job_id!r}")
-    await svc.wait_any([job], wait)
-    if job.result is not None:
-        return web.Response(body=job.result, content_type="application/json")
-    return _json(JobStatusResponse(job_id=job.id, status=job.status), 202)
+    return _json(JobStatusResponse(job_id=job_id, status=status), 202)
 
 
 @routes.post("/poll")
 async def poll(request: web.Request) -> web.Response:
     req = await _decode(request, PollRequest)
     svc = _service(request)
-    jobs, unknown = [], []
+    store = svc.store
+    known, live, unknown = [], [], []
     for job_id in dict.fromkeys(req.job_ids):
-        job = svc.store.get(job_id)
-        if job is None:
+        if store.status(job_id) is None:
             unknown.append(job_id)
+            continue
+        known.append(job_id)
+        job = store.get(job_id)
+        if job is not None and not job.terminal:
+            live.append(job)
+    if len(live) == len(known):  # nothing finished yet: wait for the first to end
+        await svc.wait_any(live, req.wait)
+    done, pending = [], []
+    for job_id in known:
+        body = store.result(job_id)
+        if body is None:
+            pending.append(job_id)
         else:
-            jobs.append(job)
-    await svc.wait_any(jobs, req.wait)
-    done = [msgspec.Raw(j.result) for j in jobs if j.result is not None]
-    pending = [j.id for j in jobs if j.result is None]
+            done.append(msgspec.Raw(body))
     return _json(PollResponse(done=done, pending=pending, unknown=unknown))
 
 
@@ -153,10 +169,8 @@ async def poll(request: web.Request) -> web.Response:
 async def delete_job(request: web.Request) -> web.Response:
     svc = _service(request)
     job_id = request.match_info["job_id"]
-    job = svc.store.get(job_id)
-    if job is None:
+    if not await svc.delete(job_id):
         raise NotFound(f"job_id: unknown job {job_id!r}")
-    await svc.delete(job)
     return web.Response(status=204)
 
 

@@ -20,6 +20,7 @@ __all__ = [
     "Problem",
     "ProcessRequest",
     "RemoveLLMServerRequest",
+    "StoreInfo",
     "ResultDoc",
     "StagePoolInfo",
     "StatusResponse",
@@ -125,6 +126,8 @@ class ResultDoc(msgspec.Struct, frozen=True, kw_only=True):
     timing: Timing
     eval: dict[str, Any]
     metadata: dict[str, Any]
+    # Server restarts the job went through before it finished (API.md "Durability").
+    restarts: int = 0
 
 
 class PollResponse(msgspec.Struct, frozen=True):
@@ -179,6 +182,15 @@ class BudgetInfo(msgspec.Struct, frozen=True):
     warm_ready: int = 0
 
 
+class StoreInfo(msgspec.Struct, frozen=True):
+    """The job store: ``sqlite`` (durable) or ``memory``; its size and cached results."""
+
+    kind: str
+    rows: int
+    bytes: int
+    cache_bytes: int
+
+
 class StatusResponse(msgspec.Struct, frozen=True):
     state: Literal["running", "stopped"]
     queues: dict[str, int]
@@ -199,6 +211,7 @@ class StatusResponse(msgspec.Struct, frozen=True):
     # INIT workers holding a job until RUN will take it soon (just-in-time INIT).
     jit_waiting: int = 0
     autoscale: bool = False
+    store: StoreInfo | None = None
 
 
 class Problem(msgspec.Struct, frozen=True):

@@ -15,6 +15,7 @@ import uvloop
 from prorl_async.app import run_server
 from prorl_async.config import ServerConfig
 from prorl_async.connections import raise_nofile_limit
+from prorl_async.store import StateDirBusy, StoreError
 
 __all__ = ["serve", "serve_forever", "write_port_file"]
 
@@ -61,7 +62,11 @@ def serve(config: ServerConfig) -> int:
     _tune_gc()
     # Connections, sandboxes, PTYs and kernels all take descriptors: 1,024 is not enough.
     log.info("open-file limit: %d", raise_nofile_limit())
-    uvloop.run(serve_forever(config))
+    try:
+        uvloop.run(serve_forever(config))
+    except (StateDirBusy, StoreError) as exc:
+        log.error("refusing to start: %s", exc)
+        return 2
     return 0
 
 

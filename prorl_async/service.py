@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from pathlib import Path
 from typing import Any
 
 from prorl_async.capacity.autoscale import Autoscaler
@@ -21,6 +22,7 @@ from prorl_async.handler import AgentHandler, HandlerRegistry, InstanceError
 from prorl_async.job import Job, Stage
 from prorl_async.metrics import LiveState, Metrics
 from prorl_async.pipeline import Pipeline
+from prorl_async.recovery import recover
 from prorl_async.sampling import SamplingParamsError, check_sampling_params
 from prorl_async.schemas import (
     BackendInfo,
@@ -30,7 +32,7 @@ from prorl_async.schemas import (
     WorkersRequest,
 )
 from prorl_async.services import Services
-from prorl_async.store import MemoryJobStore
+from prorl_async.store import JobStore, MemoryJobStore, SqliteJobStore, StateDirLock, set_aside
 
 __all__ = ["RolloutService"]
 
@@ -44,7 +46,9 @@ class RolloutService:
         self.config = config
         self.registry = registry if registry is not None else HandlerRegistry.discover()
         self.services = Services(config)
-        self.store = MemoryJobStore(retention_s=config.retention_s, tombstone_s=config.tombstone_s)
+        self.store: JobStore = _make_store(config)
+        self.state_lock = StateDirLock(config.state_dir)
+        self._opened = False
         self.poll_waiters = 0
         self.metrics = Metrics(self._live_state())
         self.services.metrics = self.metrics
@@ -73,7 +77,33 @@ class RolloutService:
 
     # -- lifecycle -------------------------------------------------------------------------
 
+    def open(self) -> None:
+        """Lock the state dir, open the store, requeue or fail what a dead server left.
+
+        Raises ``StateDirBusy`` or ``StoreError`` (their messages name the other
+        server or the file) and then holds nothing.
+        """
+        if self._opened:
+            return
+        self.state_lock.acquire()
+        try:
+            if self.config.reset_state and isinstance(self.store, SqliteJobStore):
+                moved = set_aside(self.store.path)
+                if moved is not None:
+                    log.warning("--reset-state: moved %s to %s", self.store.path, moved)
+            records = self.store.open()
+        except BaseException:
+            self.state_lock.release()
+            raise
+        self._opened = True
+        recover(self, records)
+
+    def announce(self, url: str) -> None:
+        """Name this server's address in the state dir lock (for a refused second server)."""
+        self.state_lock.announce(url)
+
     def start(self) -> None:
+        self.open()
         self.pipeline.start()
         if self.autoscaler is not None:
             self.autoscaler.start()
@@ -84,7 +114,12 @@ class RolloutService:
         await self.pipeline.stop()
 
     async def aclose(self) -> None:
-        """Stop intake, cancel and release every job, end workers, close handlers."""
+        """Stop intake, cancel and release every job, end workers, close handlers and store.
+
+        Jobs cancelled by this shutdown stay unfinished in a durable store, so the
+        next start requeues (or fails) them like after a crash.
+        """
+        self.store.freeze()
         if self.autoscaler is not None:
             await self.autoscaler.aclose()
         await self.pipeline.aclose()
@@ -98,6 +133,8 @@ class RolloutService:
                 await handler.aclose()
             except Exception:
                 log.exception("closing handler %r failed", handler.name)
+        await self.store.aclose()
+        self.state_lock.release()
 
     async def _sweep(self) -> None:
         interval = min(max(self.config.retention_s / 4, 0.05), 30.0)
@@ -112,9 +149,9 @@ class RolloutService:
         """(id, status) of an already-known id: idempotent resubmits create nothing."""
         if job_id is None:
             return None
-        job = self.store.get(job_id)
-        if job is not None:
-            return job.id, job.status
+        status = self.store.status(job_id)
+        if status is not None:
+            return job_id, status
         if self.store.is_tombstoned(job_id):
             return job_id, "cancelled"
         return None
@@ -151,6 +188,7 @@ class RolloutService:
             metadata=req.metadata,
             services=self.services,
         )
+        job.request = req
         self.pipeline.submit(job)
         return job
 
@@ -213,21 +251,27 @@ class RolloutService:
         todo: list[Job] = []
         for job_id in dict.fromkeys(ids):
             job = self.store.get(job_id)
-            if job is None:
-                (finished if self.store.is_tombstoned(job_id) else missing).append(job_id)
-            elif job.terminal:
+            if job is not None and not job.terminal:
+                todo.append(job)
+            elif self.store.status(job_id) is not None or self.store.is_tombstoned(job_id):
                 finished.append(job_id)
             else:
-                todo.append(job)
+                missing.append(job_id)
         results = await asyncio.gather(*(self.pipeline.cancel(j) for j in todo))
         for job, ok in zip(todo, results, strict=True):
             (cancelled if ok else finished).append(job.id)
         return CancelResponse(cancelled=cancelled, already_finished=finished, not_found=missing)
 
-    async def delete(self, job: Job) -> None:
-        if not job.terminal:
+    async def delete(self, job_id: str) -> bool:
+        """Cancel the job if it runs, then forget it; False if the id is unknown."""
+        if self.store.status(job_id) is None:
+            return False
+        job = self.store.get(job_id)
+        if job is not None and not job.terminal:
             await self.pipeline.cancel(job)
-        self.store.delete(job.id)
+        self.store.delete(job_id)
+        await self.store.sync()
+        return True
 
     # -- capacity --------------------------------------------------------------------------
 
@@ -272,7 +316,12 @@ class RolloutService:
             backends=self._backends,
             backend_waiting=self._backend_waiting,
             unfinished=lambda: self.store.unfinished_count(),
+            store=self._store_gauges,
         )
+
+    def _store_gauges(self) -> dict[str, int]:
+        st = self.store.stats()
+        return {"rows": st.rows, "bytes": st.bytes, "cache_bytes": st.cache_bytes}
 
     def status(self) -> StatusResponse:
         pipe = self.pipeline
@@ -292,7 +341,19 @@ class RolloutService:
             idle_sandbox_seconds=self.capacity.idle_sandbox_seconds(),
             jit_waiting=pipe.jit.waiting,
             autoscale=self.autoscaler is not None,
+            store=self.store.stats(),
         )
+
+
+def _make_store(config: ServerConfig) -> JobStore:
+    if config.store == "memory":
+        return MemoryJobStore(retention_s=config.retention_s, tombstone_s=config.tombstone_s)
+    return SqliteJobStore(
+        path=Path(config.state_dir) / "jobs.sqlite3",
+        retention_s=config.retention_s,
+        tombstone_s=config.tombstone_s,
+        cache_bytes=config.result_cache_bytes,
+    )
 
 
 def _backend_info(b: dict[str, Any]) -> BackendInfo:

@@ -46,6 +46,11 @@ class LoopbackLease:
         self._fd: int | None = fd
 
     @property
+    def path(self) -> Path:
+        """The lock file (recorded so a successor can remove it after a crash)."""
+        return self._path
+
+    @property
     def held(self) -> bool:
         return self._fd is not None
 

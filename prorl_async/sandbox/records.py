@@ -2,9 +2,12 @@
 
 Each live sandbox is one small JSON file naming its process (pid + start time from
 ``/proc/PID/stat``), its owner server process (pid + start time), and the paths it
-holds. At start-up ``reap_stale()`` kills the sandboxes of owners that are gone. A
-pid is only signalled when its start time still matches the record, so a pid the
-kernel has since reused for an unrelated process is never killed.
+holds. At start-up ``reap_stale()`` cleans up after owners that are gone: it kills
+what is left of each sandbox, empties and removes its cgroups, removes its
+directories and its loopback lock file, also when the sandbox's own pid is already
+gone (``--die-with-parent`` usually ends it with its server). A pid is only
+signalled when its start time still matches the record, so a pid the kernel has
+since reused for an unrelated process is never killed.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import logging
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import msgspec
 
 from prorl_async._procs import descendants, kill_all, start_time
+from prorl_async.sandbox.loopback import LoopbackAllocator
 
 __all__ = ["SandboxRecord", "SandboxRecords"]
 
@@ -37,6 +42,14 @@ class SandboxRecord(msgspec.Struct, frozen=True, kw_only=True):
     # Host directories owned by the sandbox (socket dir, workspace); removed when reaped.
     paths: tuple[str, ...] = ()
     cgroup: str | None = None
+    # Further cgroup directories (one per controller hierarchy), if any.
+    cgroups: tuple[str, ...] = ()
+    # The loopback address lock file (LoopbackAllocator); removed if no one holds it.
+    loopback: str | None = None
+
+    def cgroup_paths(self) -> tuple[str, ...]:
+        first = (self.cgroup,) if self.cgroup is not None else ()
+        return first + tuple(c for c in self.cgroups if c != self.cgroup)
 
 
 _encoder = msgspec.json.Encoder()
@@ -63,6 +76,8 @@ class SandboxRecords:
         runtime: str,
         paths: tuple[str, ...] = (),
         cgroup: str | None = None,
+        cgroups: tuple[str, ...] = (),
+        loopback: str | None = None,
     ) -> SandboxRecord:
         """Record a running sandbox; written atomically (temp file + rename)."""
         started = start_time(pid)
@@ -77,6 +92,8 @@ class SandboxRecords:
             runtime=runtime,
             paths=paths,
             cgroup=cgroup,
+            cgroups=cgroups,
+            loopback=loopback,
         )
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{sandbox_id}.tmp"
@@ -105,7 +122,10 @@ class SandboxRecords:
             if _alive(rec.owner_pid, rec.owner_start_time):
                 continue  # a live server (this one or a neighbour) still owns it
             _kill_recorded(rec)
+            for cgroup in rec.cgroup_paths():
+                _kill_cgroup(Path(cgroup))
             _remove_paths(rec)
+            _free_loopback(rec.loopback)
             self.remove(rec.sandbox_id)
             handled.append(rec)
         return handled
@@ -126,18 +146,37 @@ def _kill_recorded(rec: SandboxRecord) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(rec.pid, signal.SIGKILL)
     kill_all(victims | {rec.pid})
-    if rec.cgroup is not None:
-        _kill_cgroup(Path(rec.cgroup))
 
 
-def _kill_cgroup(path: Path) -> None:
-    try:
-        pids = {int(x) for x in (path / "cgroup.procs").read_text().split()}
-    except OSError:
+def _kill_cgroup(path: Path, grace_s: float = 2.0) -> None:
+    """Kill whatever the cgroup still holds and remove it (busy until the kills land)."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        try:
+            pids = {int(x) for x in (path / "cgroup.procs").read_text().split()}
+        except OSError:
+            return  # gone already (or never created)
+        kill_all(pids)
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                log.warning("could not remove cgroup %s of a dead sandbox: %s", path, exc)
+                return
+        # Killed processes leave the cgroup once reaped by their new parent: a brief wait.
+        time.sleep(0.01)
+
+
+def _free_loopback(lock_file: str | None) -> None:
+    if lock_file is None:
         return
-    kill_all(pids)
-    with contextlib.suppress(OSError):
-        path.rmdir()  # may still be busy for a moment; an empty leftover is harmless
+    path = Path(lock_file)
+    lease = LoopbackAllocator(path.parent).try_acquire(path.name) if path.exists() else None
+    if lease is not None:
+        lease.release()  # nobody held it (its holder died): unlink it
 
 
 def _remove_paths(rec: SandboxRecord) -> None:

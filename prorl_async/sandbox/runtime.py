@@ -211,7 +211,12 @@ class Runtime(abc.ABC):
         sb.attach_process(proc)
         cgroup = str(sb.cgroup.path) if sb.cgroup is not None else None
         self.records.add(
-            sb.id, proc.pid, runtime=self.name, paths=(str(sb.layout.root),), cgroup=cgroup
+            sb.id,
+            proc.pid,
+            runtime=self.name,
+            paths=(str(sb.layout.root),),
+            cgroup=cgroup,
+            loopback=sb.loopback_lock,
         )
         sb.attach_client(await self._connect(sb))
 

@@ -83,6 +83,11 @@ class Sandbox(AsyncResource):
         return self._lease.ip
 
     @property
+    def loopback_lock(self) -> str:
+        """The lock file holding the loopback address (recorded for crash cleanup)."""
+        return str(self._lease.path)
+
+    @property
     def pid(self) -> int:
         """Host pid of the sandbox's top process (leader of its own process group)."""
         if self._proc is None:

@@ -76,6 +76,47 @@ async def test_records_of_a_live_server_are_left_alone(tmp_path: Path) -> None:
         await child.wait()
 
 
+# A crashed server whose sandbox died with it (--die-with-parent): only the leftovers remain.
+_CRASH_AFTER_SANDBOX = """
+import os, subprocess, sys
+from prorl_async.sandbox import SandboxRecords
+from prorl_async.sandbox.cgroup import PidsCgroup, find_pids_parent
+from prorl_async.sandbox.loopback import LoopbackAllocator
+state, owned, lockdir = sys.argv[1:4]
+child = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+os.makedirs(owned, exist_ok=True)
+lease = LoopbackAllocator(lockdir).acquire()
+parent = find_pids_parent()
+cgroup = PidsCgroup.create(parent, f"prorl-test-{os.getpid()}", 8) if parent else None
+cg = str(cgroup.path) if cgroup else None
+SandboxRecords(state).add(
+    "gone1", child.pid, runtime="bwrap", paths=(owned,), cgroup=cg, loopback=str(lease.path)
+)
+child.kill()
+child.wait()
+print(cg or "", flush=True)
+os._exit(0)
+"""
+
+
+async def test_reap_stale_cleans_up_when_the_sandbox_pid_is_gone(tmp_path: Path) -> None:
+    owned, lockdir = tmp_path / "workspace", tmp_path / "loopback"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CRASH_AFTER_SANDBOX, str(tmp_path), str(owned), str(lockdir),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    cgroup = out.decode().strip()
+    assert owned.is_dir() and len(list(lockdir.iterdir())) == 1
+    assert not cgroup or Path(cgroup).is_dir()
+    records = SandboxRecords(tmp_path)
+    assert [r.sandbox_id for r in records.reap_stale()] == ["gone1"]
+    assert not owned.exists()
+    assert list(lockdir.iterdir()) == []  # the dead server's loopback lock file
+    assert not cgroup or not Path(cgroup).exists()
+    assert records.load() == []
+
+
 def _encode(rec: object) -> bytes:
     import msgspec
 

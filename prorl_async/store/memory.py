@@ -1,36 +1,23 @@
-"""Job records behind one small interface.
+"""The in-memory job store: everything in this process, nothing survives a restart.
 
-The pipeline talks only to ``JobStore``; ``MemoryJobStore`` keeps everything in
-this process with bounded retention. A durable store implements the same methods.
+For tests and benchmarks (``--store memory``); the default is the SQLite store.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from typing import Protocol
 
 from prorl_async.job import Job
+from prorl_async.store.base import StoreStats, UnfinishedRecord
 
-__all__ = ["JobStore", "MemoryJobStore"]
-
-
-class JobStore(Protocol):
-    def get(self, job_id: str) -> Job | None: ...
-    def add(self, job: Job) -> None: ...
-    def finished(self, job: Job) -> None: ...
-    def delete(self, job_id: str) -> bool: ...
-    def tombstone(self, job_id: str) -> None: ...
-    def is_tombstoned(self, job_id: str) -> bool: ...
-    def unfinished(self) -> list[Job]: ...
-    def unfinished_count(self) -> int: ...
-    def __len__(self) -> int: ...
-    def expire(self, now: float | None = None) -> int: ...
-    def counts(self) -> dict[str, int]: ...
+__all__ = ["MemoryJobStore"]
 
 
 class MemoryJobStore:
     """In memory: live jobs, terminal results for ``retention_s``, cancelled-id tombstones."""
+
+    kind = "memory"
 
     def __init__(self, *, retention_s: float, tombstone_s: float) -> None:
         self.retention_s = retention_s
@@ -42,9 +29,21 @@ class MemoryJobStore:
         self._tombstones: dict[str, float] = {}
         self._tomb_expiry: deque[tuple[float, str]] = deque()
         self._counts: Counter[str] = Counter()
+        self._held = 0  # bytes of result documents kept
+
+    def open(self) -> list[UnfinishedRecord]:
+        return []
 
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)
+
+    def status(self, job_id: str) -> str | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else job.status
+
+    def result(self, job_id: str) -> bytes | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else job.result
 
     def add(self, job: Job) -> None:
         self._jobs[job.id] = job
@@ -53,13 +52,17 @@ class MemoryJobStore:
     def finished(self, job: Job) -> None:
         self._live.pop(job.id, None)
         self._counts[job.status] += 1
+        self._held += len(job.result or b"")
         self._expiry.append((time.monotonic() + self.retention_s, job.id))
         if job.status == "cancelled":
             self.tombstone(job.id)
 
     def delete(self, job_id: str) -> bool:
         self._live.pop(job_id, None)
-        return self._jobs.pop(job_id, None) is not None
+        job = self._jobs.pop(job_id, None)
+        if job is not None and job.result is not None:
+            self._held -= len(job.result)
+        return job is not None
 
     def tombstone(self, job_id: str) -> None:
         deadline = time.monotonic() + self.tombstone_s
@@ -88,6 +91,7 @@ class MemoryJobStore:
             # A deleted-then-resubmitted id may be live again: only drop terminal records.
             if job is not None and job.terminal and job.finished_at + self.retention_s <= now:
                 del self._jobs[job_id]
+                self._held -= len(job.result or b"")
                 dropped += 1
         while self._tomb_expiry and self._tomb_expiry[0][0] <= now:
             deadline, job_id = self._tomb_expiry.popleft()
@@ -97,3 +101,17 @@ class MemoryJobStore:
 
     def counts(self) -> dict[str, int]:
         return {s: self._counts[s] for s in ("done", "failed", "cancelled", "timed_out")}
+
+    def stats(self) -> StoreStats:
+        return StoreStats(
+            kind=self.kind, rows=len(self._jobs), bytes=self._held, cache_bytes=self._held
+        )
+
+    def freeze(self) -> None:
+        """Nothing is persisted, so there is nothing to keep unchanged at shutdown."""
+
+    async def sync(self) -> None:
+        """Nothing to make durable."""
+
+    async def aclose(self) -> None:
+        """Nothing to close."""

@@ -1,0 +1,315 @@
+"""The durable job store: SQLite (standard library) in ``<state-dir>/jobs.sqlite3``.
+
+Every accepted job is a row (its request, so a restart can run it again); a terminal
+job's row gains the exact result bytes served; cancelled ids are tombstone rows;
+expiry deletes rows. Writes go through one writer thread with group commit. In
+memory stay the live jobs, a small index (id -> terminal status) and a result cache
+bounded in bytes; a result missing from the cache is read back from the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import time
+from collections import Counter, OrderedDict, deque
+from pathlib import Path
+
+import msgspec
+
+from prorl_async.job import Job
+from prorl_async.store._writer import Writer
+from prorl_async.store.base import StoreStats, UnfinishedRecord
+
+__all__ = ["StoreError", "SqliteJobStore"]
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY,
+    request BLOB NOT NULL,
+    status TEXT NOT NULL,          -- 'accepted' until terminal
+    restarts INTEGER NOT NULL DEFAULT 0,
+    result BLOB,
+    expires_at REAL                -- wall clock; NULL while unfinished
+);
+CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs(status) WHERE status = 'accepted';
+CREATE TABLE IF NOT EXISTS tombstones (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
+"""
+_ACCEPT = (
+    "INSERT OR REPLACE INTO jobs(id, request, status, restarts, result, expires_at) "
+    "VALUES (?, ?, 'accepted', ?, NULL, NULL)"
+)
+_FINISH = "UPDATE jobs SET status = ?, result = ?, expires_at = ? WHERE id = ?"
+_DELETE = "DELETE FROM jobs WHERE id = ?"
+_EXPIRE = "DELETE FROM jobs WHERE id = ? AND status != 'accepted'"
+_TOMBSTONE = "INSERT OR REPLACE INTO tombstones(id, expires_at) VALUES (?, ?)"
+_UNTOMB = "DELETE FROM tombstones WHERE id = ?"
+
+_encoder = msgspec.json.Encoder()
+
+
+class StoreError(RuntimeError):
+    """The job database cannot be used; the message names the file and what is wrong."""
+
+
+def _wall_to_mono(wall: float) -> float:
+    return wall - time.time() + time.monotonic()
+
+
+def _mono_to_wall(mono: float) -> float:
+    return mono - time.monotonic() + time.time()
+
+
+class SqliteJobStore:
+    """Durable job records; the same interface as ``MemoryJobStore``."""
+
+    kind = "sqlite"
+
+    def __init__(
+        self, *, path: str | Path, retention_s: float, tombstone_s: float, cache_bytes: int
+    ) -> None:
+        self.path = Path(path)
+        self.retention_s = retention_s
+        self.tombstone_s = tombstone_s
+        self.cache_limit = cache_bytes
+        self._live: dict[str, Job] = {}
+        # Terminal ids: status and expiry deadline (monotonic). Results live in the file.
+        self._done: dict[str, tuple[str, float]] = {}
+        self._expiry: deque[tuple[float, str]] = deque()
+        self._tombstones: dict[str, float] = {}
+        self._tomb_expiry: deque[tuple[float, str]] = deque()
+        self._counts: Counter[str] = Counter()
+        self._cache: OrderedDict[str, bytes] = OrderedDict()
+        self._cache_bytes = 0
+        # Results written but not yet committed: served from here until the commit.
+        self._pending: dict[str, bytes] = {}
+        self._frozen = False
+        self._reader: sqlite3.Connection | None = None
+        self._writer: Writer | None = None
+
+    # -- open and recover ----------------------------------------------------------------------
+
+    def open(self) -> list[UnfinishedRecord]:
+        """Open (or create) the file, drop expired rows, load the index.
+
+        Returns the jobs an earlier process accepted and never finished. Raises
+        ``StoreError`` naming the file if it is not a usable job database.
+        """
+        if self._reader is not None:
+            return []
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            reader = _connect(self.path)
+            reader.executescript(_SCHEMA)
+            unfinished = self._load(reader)
+            writer = _connect(self.path)
+        except sqlite3.Error as exc:
+            raise StoreError(
+                f"job database {self.path} is unreadable or corrupt ({exc}); "
+                "move it away or start with --reset-state to set it aside"
+            ) from None
+        self._reader = reader
+        self._writer = Writer(writer, asyncio.get_running_loop())
+        return unfinished
+
+    def _load(self, conn: sqlite3.Connection) -> list[UnfinishedRecord]:
+        now = time.time()
+        with conn:
+            conn.execute("DELETE FROM jobs WHERE expires_at <= ?", (now,))
+            conn.execute("DELETE FROM tombstones WHERE expires_at <= ?", (now,))
+        rows = conn.execute(
+            "SELECT id, status, expires_at FROM jobs WHERE status != 'accepted' ORDER BY expires_at"
+        )
+        for job_id, status, expires_at in rows:
+            deadline = _wall_to_mono(expires_at)
+            self._done[job_id] = (status, deadline)
+            self._expiry.append((deadline, job_id))
+        for job_id, expires_at in conn.execute(
+            "SELECT id, expires_at FROM tombstones ORDER BY expires_at"
+        ):
+            self._tombstones[job_id] = _wall_to_mono(expires_at)
+            self._tomb_expiry.append((self._tombstones[job_id], job_id))
+        rows = conn.execute(
+            "SELECT id, request, restarts FROM jobs WHERE status = 'accepted' ORDER BY rowid"
+        )
+        return [UnfinishedRecord(i, bytes(r), n) for i, r, n in rows]
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job | None:
+        return self._live.get(job_id)
+
+    def status(self, job_id: str) -> str | None:
+        job = self._live.get(job_id)
+        if job is not None:
+            return job.status
+        done = self._done.get(job_id)
+        return None if done is None else done[0]
+
+    def result(self, job_id: str) -> bytes | None:
+        if job_id not in self._done:
+            return None
+        cached = self._cache.get(job_id)
+        if cached is not None:
+            self._cache.move_to_end(job_id)
+            return cached
+        body = self._pending.get(job_id)
+        if body is None:
+            body = self._read(job_id)
+        if body is not None:
+            self._cache_put(job_id, body)
+        return body
+
+    def _read(self, job_id: str) -> bytes | None:
+        assert self._reader is not None
+        row = self._reader.execute("SELECT result FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None or row[0] is None else bytes(row[0])
+
+    def is_tombstoned(self, job_id: str) -> bool:
+        return job_id in self._tombstones
+
+    def unfinished(self) -> list[Job]:
+        return list(self._live.values())
+
+    def unfinished_count(self) -> int:
+        return len(self._live)
+
+    def __len__(self) -> int:
+        return len(self._live) + len(self._done)
+
+    def counts(self) -> dict[str, int]:
+        return {s: self._counts[s] for s in ("done", "failed", "cancelled", "timed_out")}
+
+    def stats(self) -> StoreStats:
+        size = sum(_size(self.path.with_name(self.path.name + s)) for s in ("", "-wal"))
+        return StoreStats(kind=self.kind, rows=len(self), bytes=size, cache_bytes=self._cache_bytes)
+
+    # -- writes --------------------------------------------------------------------------------
+
+    def add(self, job: Job) -> None:
+        self._live[job.id] = job
+        self._drop_done(job.id)
+        request = b"{}" if job.request is None else _encoder.encode(job.request)
+        self._write(_ACCEPT, (job.id, request, job.restarts))
+
+    def finished(self, job: Job) -> None:
+        self._live.pop(job.id, None)
+        if self._frozen and job.status == "cancelled":
+            return  # cancelled by shutdown: the row stays 'accepted' and runs again at restart
+        deadline = time.monotonic() + self.retention_s
+        body = job.result or b""
+        self._done[job.id] = (job.status, deadline)
+        self._expiry.append((deadline, job.id))
+        self._counts[job.status] += 1
+        self._cache_put(job.id, body)
+        self._pending[job.id] = body
+        self._write(_FINISH, (job.status, body, _mono_to_wall(deadline), job.id))
+        self._forget_pending_after_commit(job.id, body)
+        if job.status == "cancelled":
+            self.tombstone(job.id)
+
+    def delete(self, job_id: str) -> bool:
+        known = self._live.pop(job_id, None) is not None
+        known = self._drop_done(job_id) or known
+        self._write(_DELETE, (job_id,))
+        return known
+
+    def tombstone(self, job_id: str) -> None:
+        deadline = time.monotonic() + self.tombstone_s
+        self._tombstones[job_id] = deadline
+        self._tomb_expiry.append((deadline, job_id))
+        self._write(_TOMBSTONE, (job_id, _mono_to_wall(deadline)))
+
+    def expire(self, now: float | None = None) -> int:
+        """Delete results (and tombstones) past their deadline; returns results dropped."""
+        now = time.monotonic() if now is None else now
+        dropped = 0
+        while self._expiry and self._expiry[0][0] <= now:
+            deadline, job_id = self._expiry.popleft()
+            done = self._done.get(job_id)
+            # A deleted-then-resubmitted id has a newer deadline (or is live again).
+            if done is not None and done[1] == deadline and job_id not in self._live:
+                self._drop_done(job_id)
+                self._write(_EXPIRE, (job_id,))
+                dropped += 1
+        while self._tomb_expiry and self._tomb_expiry[0][0] <= now:
+            deadline, job_id = self._tomb_expiry.popleft()
+            if self._tombstones.get(job_id) == deadline:
+                del self._tombstones[job_id]
+                self._write(_UNTOMB, (job_id,))
+        return dropped
+
+    def freeze(self) -> None:
+        """From now on (shutdown), jobs cancelled by the server stay unfinished on disk."""
+        self._frozen = True
+
+    async def sync(self) -> None:
+        """Wait until every write issued so far is committed to the file."""
+        if self._writer is not None:
+            await self._writer.sync()
+
+    async def aclose(self) -> None:
+        """Commit what is queued and close the file. Idempotent."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer.aclose()
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _write(self, sql: str, params: tuple[object, ...]) -> None:
+        if self._writer is None:
+            raise RuntimeError(f"job store {self.path} is not open")
+        self._writer.write(sql, params)
+
+    def _forget_pending_after_commit(self, job_id: str, body: bytes) -> None:
+        assert self._writer is not None
+
+        def forget(_: object) -> None:
+            if self._pending.get(job_id) is body:
+                del self._pending[job_id]
+
+        self._writer.pending().add_done_callback(forget)
+
+    def _drop_done(self, job_id: str) -> bool:
+        self._pending.pop(job_id, None)
+        body = self._cache.pop(job_id, None)
+        if body is not None:
+            self._cache_bytes -= len(body)
+        return self._done.pop(job_id, None) is not None
+
+    def _cache_put(self, job_id: str, body: bytes) -> None:
+        old = self._cache.pop(job_id, None)
+        if old is not None:
+            self._cache_bytes -= len(old)
+        if len(body) > self.cache_limit:
+            return
+        self._cache[job_id] = body
+        self._cache_bytes += len(body)
+        while self._cache_bytes > self.cache_limit:
+            _, evicted = self._cache.popitem(last=False)
+            self._cache_bytes -= len(evicted)
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    # FULL: a commit is on disk before the client is answered (group commit pays for it).
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    # Keep the WAL from staying large after a burst; freed pages are reused, so the
+    # file stops growing once retention deletes as fast as jobs arrive.
+    conn.execute("PRAGMA journal_size_limit=67108864")
+    return conn
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
