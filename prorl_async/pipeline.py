@@ -143,7 +143,7 @@ class Pipeline:
         self._finish(job, "failed", error)
 
     async def cancel(self, job: Job) -> bool:
-        """Cancel a job wherever it is; returns False if it had already finished.
+        """Cancel a job wherever it is; returns False if it finished otherwise.
 
         Returns only after the job's stage task has ended and everything it held is
         released. Shielded: a caller that goes away does not leave a half-cancelled job.
@@ -151,7 +151,8 @@ class Pipeline:
         if job.terminal:
             return False
         await asyncio.shield(self._spawn(self._cancel(job)))
-        return True
+        # The job may have finished on its own before the cancel task ran.
+        return job.status == "cancelled"
 
     async def _cancel(self, job: Job) -> None:
         if job.terminal:
