@@ -12,13 +12,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 from pathlib import Path
 
 import msgspec
 
 from prorl_async._procs import descendants, kill_all, start_time
+from prorl_async.sandbox.disk import remove_tree
 
 __all__ = ["SandboxRecord", "SandboxRecords"]
 
@@ -37,6 +37,8 @@ class SandboxRecord(msgspec.Struct, frozen=True, kw_only=True):
     # Host directories owned by the sandbox (socket dir, workspace); removed when reaped.
     paths: tuple[str, ...] = ()
     cgroup: str | None = None
+    # Every cgroup directory of the sandbox (one per controller on cgroup v1).
+    cgroups: tuple[str, ...] = ()
 
 
 _encoder = msgspec.json.Encoder()
@@ -62,7 +64,7 @@ class SandboxRecords:
         *,
         runtime: str,
         paths: tuple[str, ...] = (),
-        cgroup: str | None = None,
+        cgroups: tuple[str, ...] = (),
     ) -> SandboxRecord:
         """Record a running sandbox; written atomically (temp file + rename)."""
         started = start_time(pid)
@@ -76,7 +78,7 @@ class SandboxRecords:
             owner_start_time=self._owner_start,
             runtime=runtime,
             paths=paths,
-            cgroup=cgroup,
+            cgroups=cgroups,
         )
         self.directory.mkdir(parents=True, exist_ok=True)
         tmp = self.directory / f".{sandbox_id}.tmp"
@@ -126,8 +128,8 @@ def _kill_recorded(rec: SandboxRecord) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(rec.pid, signal.SIGKILL)
     kill_all(victims | {rec.pid})
-    if rec.cgroup is not None:
-        _kill_cgroup(Path(rec.cgroup))
+    for path in (rec.cgroup,) * (rec.cgroup is not None) + rec.cgroups:
+        _kill_cgroup(Path(path))
 
 
 def _kill_cgroup(path: Path) -> None:
@@ -142,4 +144,4 @@ def _kill_cgroup(path: Path) -> None:
 
 def _remove_paths(rec: SandboxRecord) -> None:
     for p in rec.paths:
-        shutil.rmtree(p, ignore_errors=True)
+        remove_tree(p)

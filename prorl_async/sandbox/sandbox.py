@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 from prorl_async._procs import descendants, kill_all, start_time, wait_exited
 from prorl_async._resource import AsyncResource
-from prorl_async.sandbox.cgroup import PidsCgroup
+from prorl_async.sandbox.cgroup import SandboxCgroup
 from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.limits import SandboxLimits
 from prorl_async.sandbox.loopback import LoopbackLease
@@ -47,7 +46,7 @@ class Sandbox(AsyncResource):
         lease: LoopbackLease,
         limits: SandboxLimits,
         records: SandboxRecords,
-        cgroup: PidsCgroup | None,
+        cgroup: SandboxCgroup | None,
         close_grace: float,
         on_close: Callable[[Sandbox], None] | None = None,
     ) -> None:
@@ -101,8 +100,8 @@ class Sandbox(AsyncResource):
         return self._closing
 
     @property
-    def cgroup(self) -> PidsCgroup | None:
-        """The sandbox's pids cgroup, where one could be created."""
+    def cgroup(self) -> SandboxCgroup | None:
+        """The sandbox's cgroup (pids, memory), where one could be created."""
         return self._cgroup
 
     @property
@@ -223,7 +222,7 @@ class Sandbox(AsyncResource):
             os.killpg(self._proc.pid, sig)
 
     def _release(self) -> None:
-        shutil.rmtree(self.layout.root, ignore_errors=True)
+        self.layout.remove()
         self._lease.release()
         self._records.remove(self.id)
         if self._on_close is not None:
