@@ -156,6 +156,8 @@ class StatusResponse(msgspec.Struct, frozen=True):
     backend_waiting: int = 0
     # Job records in the store (live + retained results); bounded by retention.
     records: int = 0
+    # How each sandbox limit is enforced here, and as which user sandboxed code runs.
+    sandbox_enforcement: dict[str, str] = {}
 
 
 class Problem(msgspec.Struct, frozen=True):

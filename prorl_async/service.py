@@ -111,7 +111,9 @@ class RolloutService:
             known = ", ".join(self.registry.names())
             raise Unprocessable(f"{where}task: unknown task {req.task!r} (known: {known})")
         try:
-            return handler, handler.validate(req.instance)
+            instance = handler.validate(req.instance)
+            handler.admit(instance, self.config)
+            return handler, instance
         except InstanceError as exc:
             raise Unprocessable(f"{where}{exc}") from None
 
@@ -252,7 +254,12 @@ class RolloutService:
             backends=[_backend_info(b) for b in self._backends()],
             backend_waiting=self._backend_waiting(),
             records=len(self.store),
+            sandbox_enforcement=self._enforcement(),
         )
+
+    def _enforcement(self) -> dict[str, str]:
+        runtime = self.services.runtime
+        return {} if runtime is None else runtime.enforcement(self.config.sandbox_limits)
 
 
 def _backend_info(b: dict[str, Any]) -> BackendInfo:

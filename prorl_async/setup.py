@@ -6,8 +6,10 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import msgspec
+
 from prorl_async.backends import BackendPool
-from prorl_async.sandbox import RuntimeConfig, SandboxRecords, get_runtime
+from prorl_async.sandbox import SandboxRecords, get_runtime
 from prorl_async.services import Services
 from prorl_async.tokenizer import load_tokenizer
 
@@ -21,7 +23,9 @@ async def open_services(services: Services) -> AsyncIterator[Services]:
     """Open the services in order, close them in reverse (after every job is released)."""
     config = services.config
     services.tokenizer = load_tokenizer(config.tokenizer)
-    runtime_config = RuntimeConfig(state_dir=config.state_dir, image=config.image)
+    runtime_config = msgspec.structs.replace(
+        config.sandbox, state_dir=config.state_dir, image=config.sandbox.image or config.image
+    )
     reaped = SandboxRecords(config.state_dir).reap_stale()
     if reaped:
         log.warning("reaped %d sandboxes left by a previous run", len(reaped))
@@ -30,6 +34,7 @@ async def open_services(services: Services) -> AsyncIterator[Services]:
         runtime = get_runtime(config.runtime, runtime_config)
         stack.push_async_callback(runtime.aclose)
         services.runtime = runtime
+        log.info("sandbox limits enforced: %s", runtime.enforcement())
         try:
             yield services
         finally:

@@ -28,7 +28,9 @@ import sys
 from functools import cache
 
 from prorl_async.sandbox.layout import Layout
-from prorl_async.sandbox.runtime import Runtime, RuntimeUnavailableError
+from prorl_async.sandbox.network import netns_pid, start_slirp
+from prorl_async.sandbox.runtime import Runtime, RuntimeUnavailableError, join_cgroup_argv
+from prorl_async.sandbox.sandbox import Sandbox
 from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec
 
 __all__ = ["BwrapRuntime", "bwrap_problem", "find_bwrap", "python_roots"]
@@ -37,7 +39,8 @@ __all__ = ["BwrapRuntime", "bwrap_problem", "find_bwrap", "python_roots"]
 _ETC = ("passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf", "ssl",
         "ca-certificates", "ca-certificates.conf", "pki", "ld.so.cache", "ld.so.conf",
         "ld.so.conf.d", "localtime", "timezone", "alternatives", "protocols", "services",
-        "mime.types", "os-release", "debian_version", "bash.bashrc", "inputrc", "gai.conf")  # fmt: skip
+        "mime.types", "os-release", "debian_version", "bash.bashrc", "inputrc",
+        "gai.conf")  # fmt: skip
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin")
 _SETPRIV_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
 
@@ -145,7 +148,9 @@ class BwrapRuntime(Runtime):
             raise RuntimeUnavailableError(f"bwrap runtime unavailable: {problem}")
         self.binary = find_bwrap(self.config.bwrap) or "bwrap"
         never = (os.path.expanduser("~"), self.config.state_dir, self.config.run_dir)
-        self.python_roots = python_roots(self.config.python, never=tuple(map(os.path.realpath, never)))
+        self.python_roots = python_roots(
+            self.config.python, never=tuple(map(os.path.realpath, never))
+        )
 
     def command(self, spec: SandboxSpec, layout: Layout, ip: str) -> list[str]:
         argv = [self.binary, *self._namespaces(spec), *self._filesystem(spec, layout)]
@@ -155,9 +160,21 @@ class BwrapRuntime(Runtime):
         inner = [*self._drop_root(spec), *self.tool_server_argv(self.config.python, layout)]
         return argv + ["--", *inner]
 
+    async def attach_network(self, sb: Sandbox, spec: SandboxSpec) -> None:
+        """slirp4netns on the sandbox's own netns (see ``network.py``), owned by the sandbox."""
+        proc = await start_slirp(
+            netns_pid(sb.pid),
+            prefix=join_cgroup_argv(sb),
+            userns=not self.drops_root,
+            log=str(sb.layout.log),
+            timeout=self.config.start_timeout_s,
+        )
+        sb.attach_helper(proc)
+
     def _namespaces(self, spec: SandboxSpec) -> list[str]:
         args = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-                "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]  # fmt: skip
+                "--unshare-cgroup-try", "--die-with-parent", "--new-session",
+                "--cap-drop", "ALL"]  # fmt: skip
         if self.drops_root:
             # Kept only for setpriv, which drops them with root before anything untrusted runs.
             for cap in _SETPRIV_CAPS:

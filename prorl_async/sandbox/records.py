@@ -128,7 +128,8 @@ def _kill_recorded(rec: SandboxRecord) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(rec.pid, signal.SIGKILL)
     kill_all(victims | {rec.pid})
-    for path in (rec.cgroup,) * (rec.cgroup is not None) + rec.cgroups:
+    legacy = () if rec.cgroup is None else (rec.cgroup,)
+    for path in (*legacy, *rec.cgroups):
         _kill_cgroup(Path(path))
 
 

@@ -20,14 +20,20 @@ from typing import ClassVar
 from prorl_async.sandbox.cgroup import SandboxCgroup, find_cgroup_parents
 from prorl_async.sandbox.disk import can_mount
 from prorl_async.sandbox.layout import Layout
-from prorl_async.sandbox.limits import describe_enforcement, prlimit_argv
+from prorl_async.sandbox.limits import SandboxLimits, describe_enforcement, prlimit_argv
 from prorl_async.sandbox.loopback import LoopbackAllocator, LoopbackLease
 from prorl_async.sandbox.records import SandboxRecords
 from prorl_async.sandbox.sandbox import Sandbox
 from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec, SpecError
 from prorl_async.toolclient import ToolClient
 
-__all__ = ["Runtime", "RuntimeUnavailableError", "SandboxStartError", "get_runtime"]
+__all__ = [
+    "Runtime",
+    "RuntimeUnavailableError",
+    "SandboxStartError",
+    "get_runtime",
+    "join_cgroup_argv",
+]
 
 log = logging.getLogger(__name__)
 
@@ -116,14 +122,26 @@ class Runtime(abc.ABC):
         """Number of sandboxes started and not yet closed."""
         return len(self._live)
 
-    def enforcement(self) -> dict[str, str]:
-        """How the default limits are enforced here (for the start-up log and /status)."""
-        return describe_enforcement(
-            SandboxSpec().limits,
+    def enforcement(self, limits: SandboxLimits | None = None) -> dict[str, str]:
+        """How ``limits`` (default: the defaults) are enforced here, and as which user sandboxed
+        code runs (for the start-up log and ``/status``)."""
+        out = describe_enforcement(
+            limits if limits is not None else SandboxLimits(),
             self.cgroups.pids,
             memory_cgroup=self.cgroups.memory,
             disk=self.disk_enforcer(),
         )
+        out["runtime"] = self.name
+        out["user"] = self._describe_user()
+        return out
+
+    def _describe_user(self) -> str:
+        if self.drops_root:
+            return (
+                f"host uid {self.config.sandbox_uid} gid {self.config.sandbox_gid}, no capabilities"
+            )
+        uid = os.geteuid()
+        return f"host uid {uid} (the server's){' UNISOLATED' if not self.isolated else ''}"
 
     async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
         """Start a sandbox and return once its tool server answers; clean up on any failure."""
@@ -177,13 +195,10 @@ class Runtime(abc.ABC):
         # With a pids cgroup, a per-uid RLIMIT_NPROC would count every sandbox of sandbox_uid.
         pids_capped = sb.cgroup is not None and self.cgroups.pids is not None
         prefix = prlimit_argv(spec.limits, nproc=not pids_capped)
-        if sb.cgroup is not None:
-            # Join the cgroups before exec, so every process of the sandbox is born inside them.
-            files = [str(f) for f in sb.cgroup.procs_files]
-            join = " && ".join(f'echo $$ > "${i + 1}"' for i in range(len(files)))
-            script = f'{join} && shift {len(files)} && exec "$@"'
-            prefix = ["/bin/sh", "-c", script, "sh", *files, *prefix]
-        return prefix + self.command(spec, sb.layout, sb.loopback_ip)
+        return join_cgroup_argv(sb) + prefix + self.command(spec, sb.layout, sb.loopback_ip)
+
+    async def attach_network(self, sb: Sandbox, spec: SandboxSpec) -> None:
+        """Give a started sandbox the outside network its spec asks for (runtimes that can)."""
 
     async def _launch(self, sb: Sandbox, spec: SandboxSpec) -> None:
         argv = self._argv(sb, spec)
@@ -205,6 +220,8 @@ class Runtime(abc.ABC):
             sb.id, proc.pid, runtime=self.name, paths=(str(sb.layout.root),), cgroups=cgroups
         )
         sb.attach_client(await self._connect(sb))
+        if spec.network:
+            await self.attach_network(sb, spec)
 
     async def _connect(self, sb: Sandbox) -> ToolClient:
         timeout = self.config.start_timeout_s
@@ -232,6 +249,16 @@ class Runtime(abc.ABC):
         live = list(self._live)
         if live:
             await asyncio.gather(*(sb.aclose() for sb in live), return_exceptions=True)
+
+
+def join_cgroup_argv(sb: Sandbox) -> list[str]:
+    """A ``sh`` prefix joining the sandbox's cgroups before exec, so every process of the
+    sandbox (and a helper such as slirp4netns) is born inside them."""
+    if sb.cgroup is None:
+        return []
+    files = [str(f) for f in sb.cgroup.procs_files]
+    join = " && ".join(f'echo $$ > "${i + 1}"' for i in range(len(files)))
+    return ["/bin/sh", "-c", f'{join} && shift {len(files)} && exec "$@"', "sh", *files]
 
 
 def get_runtime(name: str, config: RuntimeConfig | None = None) -> Runtime:

@@ -61,6 +61,7 @@ class Sandbox(AsyncResource):
         self._on_close = on_close
         self._proc: asyncio.subprocess.Process | None = None
         self._client: ToolClient | None = None
+        self._helpers: list[asyncio.subprocess.Process] = []
         self._tree: dict[int, int] = {}
         self._closing = False
         self._closed = asyncio.Event()
@@ -145,6 +146,10 @@ class Sandbox(AsyncResource):
     def attach_client(self, client: ToolClient) -> None:
         self._client = client
 
+    def attach_helper(self, proc: asyncio.subprocess.Process) -> None:
+        """A host-side process serving the sandbox (slirp4netns), ended with it."""
+        self._helpers.append(proc)
+
     def process_exited(self) -> bool:
         return self._proc is None or self._proc.returncode is not None
 
@@ -205,8 +210,12 @@ class Sandbox(AsyncResource):
         self._signal_group(signal.SIGKILL)
         victims = [p for p, t in self._tree.items() if start_time(p) == t]
         kill_all(victims)
-        if self._proc is not None:
-            await self._proc.wait()
+        for helper in self._helpers:
+            if helper.returncode is None:
+                helper.kill()
+        for proc in (self._proc, *self._helpers):
+            if proc is not None:
+                await proc.wait()
         left = await wait_exited(victims, timeout=5.0)
         if left:
             log.error("sandbox %s: processes survived SIGKILL: %s", self.id, sorted(left))

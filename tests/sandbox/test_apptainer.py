@@ -41,7 +41,9 @@ def runtime(config: RuntimeConfig, apptainer_double: Path) -> ApptainerRuntime:
     require(problem is None, f"the apptainer double runs under bwrap, which fails: {problem}")
     # The double's "image" is the host root, so the tool server runs on the host's Python.
     fields = {f: getattr(config, f) for f in config.__struct_fields__}
-    return ApptainerRuntime(RuntimeConfig(**{**fields, "image_python": sys.executable, "allow_network": True}))
+    return ApptainerRuntime(
+        RuntimeConfig(**{**fields, "image_python": sys.executable, "allow_network": True})
+    )
 
 
 def _calls(log: Path) -> list[dict[str, object]]:
