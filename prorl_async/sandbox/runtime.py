@@ -210,6 +210,7 @@ class Runtime(abc.ABC):
                 stdout=out,
                 stderr=out,
                 env=self.environment(spec, sb.layout, sb.loopback_ip),
+                cwd=sb.layout.root,  # a shell wrapper exports PWD: not the server's directory
                 start_new_session=True,
             )
         finally:
