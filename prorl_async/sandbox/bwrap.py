@@ -90,6 +90,7 @@ def _system_binds() -> list[str]:
     for path in (*_SYSTEM_DIRS, *tops):
         if os.path.lexists(path):
             args += _bind_ro(path)
+    args += ["--perms", "0755", "--dir", "/etc"]  # else a bind's parent is made 0700
     for name in _ETC:
         path = f"/etc/{name}"
         if os.path.lexists(path):

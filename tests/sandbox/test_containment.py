@@ -148,7 +148,8 @@ async def test_memory_is_capped_for_all_processes_together(config: RuntimeConfig
             r = await sb.exec(f"({cmd}) 2>&1 | sort | uniq -c", timeout=60)
             assert sb.cgroup is not None
             peak = sb.cgroup.memory_peak()
-        held = sum(int(line.split()[0]) for line in r.stdout.splitlines() if "held" in line)
+            cgroups = sb.cgroup.paths
+        assert not [p for p in cgroups if p.exists()]  # teardown removed every cgroup dir        held = sum(int(line.split()[0]) for line in r.stdout.splitlines() if "held" in line)
         assert held < 3 and "Killed" in r.stdout, r.stdout  # OOM kills inside the sandbox
         assert peak is not None and peak <= cap, peak
         assert "memory cgroup" in bwrap.enforcement(limits)["sandbox_memory_bytes"]
@@ -189,6 +190,7 @@ async def test_disk_is_capped_for_workspace_and_tmp_together(config: RuntimeConf
             assert 64 * MiB <= int(written) < cap - 160 * MiB + 8 * MiB
             usage = shutil.disk_usage(sb.layout.root)
             assert usage.total <= cap
+        assert not sb.layout.root.exists() and not os.path.ismount(sb.layout.root)
         assert "tmpfs" in bwrap.enforcement(limits)["disk_bytes"]
     finally:
         await bwrap.aclose()

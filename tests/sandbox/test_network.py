@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import shutil
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -46,7 +47,7 @@ def _ip(*args: str) -> None:
 async def outside_server() -> AsyncIterator[tuple[str, int]]:
     """A TCP server in a network namespace this test creates (veth to the host): an "outside"
     address that is none of the host's own."""
-    require(subprocess.run(["ip", "-V"], capture_output=True).returncode == 0, "no iproute2")
+    require(shutil.which("ip") is not None, "no iproute2 (ip)")
     tag = uuid.uuid4().hex[:6]
     ns, host_if, ns_if = f"prorl-t{tag}", f"pvh{tag}", f"pvn{tag}"
     net = f"10.{random.randrange(200, 250)}.{random.randrange(256)}"
