@@ -149,7 +149,8 @@ async def test_memory_is_capped_for_all_processes_together(config: RuntimeConfig
             assert sb.cgroup is not None
             peak = sb.cgroup.memory_peak()
             cgroups = sb.cgroup.paths
-        assert not [p for p in cgroups if p.exists()]  # teardown removed every cgroup dir        held = sum(int(line.split()[0]) for line in r.stdout.splitlines() if "held" in line)
+        assert not [p for p in cgroups if p.exists()]  # teardown removed every cgroup dir
+        held = sum(int(line.split()[0]) for line in r.stdout.splitlines() if "held" in line)
         assert held < 3 and "Killed" in r.stdout, r.stdout  # OOM kills inside the sandbox
         assert peak is not None and peak <= cap, peak
         assert "memory cgroup" in bwrap.enforcement(limits)["sandbox_memory_bytes"]
