@@ -102,7 +102,7 @@ def _parents(path: str) -> list[str]:
     # bwrap would copy the host's modes for a bind's parents (/root is 0700): open them up.
     args: list[str] = []
     parent = os.path.dirname(path)
-    while parent != "/":
+    while parent not in ("/", "/tmp", "/run"):  # those two are the sandbox's own mounts
         args = ["--perms", "0755", "--dir", parent, *args]
         parent = os.path.dirname(parent)
     return args
@@ -197,16 +197,17 @@ class BwrapRuntime(Runtime):
         return argv
 
     def _filesystem(self, spec: SandboxSpec, layout: Layout) -> list[str]:
-        args = [*_system_binds()]
+        tmp = ["--bind", str(layout.tmp), "/tmp"]
+        if spec.limits.disk_bytes is not None and not os.path.ismount(layout.root):
+            tmp = ["--perms", "1777", "--size", str(spec.limits.disk_bytes), "--tmpfs", "/tmp"]
+        args = [*_system_binds(), "--tmpfs", "/sys", "--proc", "/proc", "--dev", "/dev", *tmp,
+                "--dir", "/run"]  # fmt: skip
+        # After /tmp: a CI checkout or venv under /tmp must not be hidden by the private /tmp.
         for path in (*self.python_roots, *self.config.extra_binds):
             args += [*_parents(path), "--ro-bind", path, path]
         for path in self.config.hide_paths:
             args += ["--tmpfs", path]
-        tmp = ["--bind", str(layout.tmp), "/tmp"]
-        if spec.limits.disk_bytes is not None and not os.path.ismount(layout.root):
-            tmp = ["--perms", "1777", "--size", str(spec.limits.disk_bytes), "--tmpfs", "/tmp"]
         return args + [
-            "--tmpfs", "/sys", "--proc", "/proc", "--dev", "/dev", *tmp, "--dir", "/run",
             "--bind", str(layout.workspace), layout.inner_workspace,
             "--bind", str(layout.socket_dir), layout.inner_socket_dir,
             "--remount-ro", "/",
