@@ -27,6 +27,7 @@ import subprocess
 import sys
 from functools import cache
 
+from prorl_async.sandbox.disk import can_mount
 from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.network import netns_pid, start_slirp
 from prorl_async.sandbox.runtime import Runtime, RuntimeUnavailableError, join_cgroup_argv
@@ -160,6 +161,11 @@ class BwrapRuntime(Runtime):
             argv += ["--setenv", key, value]
         inner = [*self._drop_root(spec), *self.tool_server_argv(self.config.python, layout)]
         return argv + ["--", *inner]
+
+    def disk_enforcer(self) -> str | None:
+        if can_mount():
+            return super().disk_enforcer()
+        return "bwrap --size tmpfs for /tmp only (the workspace is NOT capped: needs root)"
 
     async def attach_network(self, sb: Sandbox, spec: SandboxSpec) -> None:
         """slirp4netns on the sandbox's own netns (see ``network.py``), owned by the sandbox."""

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from pathlib import Path
 
 import msgspec
@@ -133,14 +134,26 @@ def _kill_recorded(rec: SandboxRecord) -> None:
         _kill_cgroup(Path(path))
 
 
-def _kill_cgroup(path: Path) -> None:
+def _cgroup_pids(path: Path) -> set[int] | None:
     try:
-        pids = {int(x) for x in (path / "cgroup.procs").read_text().split()}
+        return {int(x) for x in (path / "cgroup.procs").read_text().split()}
     except OSError:
-        return
-    kill_all(pids)
-    with contextlib.suppress(OSError):
-        path.rmdir()  # may still be busy for a moment; an empty leftover is harmless
+        return None  # already gone
+
+
+def _kill_cgroup(path: Path, timeout: float = 5.0) -> None:
+    # Synchronous (start-up): kill, then retry until the exits are reaped and rmdir succeeds.
+    deadline = time.monotonic() + timeout
+    while (pids := _cgroup_pids(path)) is not None:
+        kill_all(pids)
+        try:
+            path.rmdir()
+            return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                log.warning("could not remove cgroup %s of a stale sandbox: %s", path, exc)
+                return
+        time.sleep(0.01)  # the kernel has yet to reap them: bounded by the deadline
 
 
 def _remove_paths(rec: SandboxRecord) -> None:
