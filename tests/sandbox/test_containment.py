@@ -195,3 +195,17 @@ async def test_disk_is_capped_for_workspace_and_tmp_together(config: RuntimeConf
         assert "tmpfs" in bwrap.enforcement(limits)["disk_bytes"]
     finally:
         await bwrap.aclose()
+
+
+async def test_fakeroot_is_root_inside_only(config: RuntimeConfig) -> None:
+    bwrap = BwrapRuntime(config)
+    try:
+        async with await bwrap.start(SandboxSpec(fakeroot=True)) as sb:
+            r = await sb.exec("id -u; touch made-by-root && echo wrote", timeout=10)
+            assert r.stdout.split() == ["0", "wrote"], r
+            tree = descendants(sb.pid)
+            server = [p for p in tree if _cmdline(p).startswith(config.python)]
+            assert server and all("0" not in _status(p, "Uid") for p in server)
+            assert (sb.workspace / "made-by-root").stat().st_uid != 0
+    finally:
+        await bwrap.aclose()
