@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import msgspec
 
 from prorl_async.agent_task import MODEL_TOOLS, SandboxTools, run_agent, start_sandbox
+from prorl_async.config import ServerConfig
 from prorl_async.handler import AgentHandler, InstanceError
 from prorl_async.job import Job
 from prorl_async.sandbox import SandboxSpec, SpecError
@@ -56,6 +57,13 @@ class SandboxTaskHandler(AgentHandler):
         except SpecError as exc:
             raise InstanceError(f"instance.{exc}") from None
         return inst
+
+    def admit(self, instance: Any, config: ServerConfig) -> None:
+        if instance.network and not config.sandbox.allow_network:
+            raise InstanceError(
+                "instance.network: sandboxes with network are disabled on this server "
+                "(the operator enables them with [sandbox] allow_network = true)"
+            )
 
     async def init(self, job: Job) -> None:
         inst: SandboxInstance = job.instance

@@ -17,6 +17,7 @@ import msgspec
 from prorl_async.backends import PoolConfig
 from prorl_async.capacity.autoscale import AutoscaleConfig
 from prorl_async.sandbox.limits import SandboxLimits
+from prorl_async.sandbox.spec import RuntimeConfig, SpecError
 
 __all__ = ["ConfigError", "ServerConfig", "default_state_dir", "load_config"]
 
@@ -81,6 +82,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Apptainer image used when a task names none.
     image: str | None = None
     sandbox_limits: SandboxLimits = msgspec.field(default_factory=SandboxLimits)
+    # The runtime's own settings: the [sandbox] table (hide_paths, extra_binds, allow_network,
+    # sandbox_uid, cgroup_parent, run_dir, ...). Its state_dir is the server's.
+    sandbox: RuntimeConfig = msgspec.field(default_factory=RuntimeConfig)
     pool: PoolConfig = msgspec.field(default_factory=PoolConfig)
     log_level: str = "info"
     # Live sandboxes of all stages together; None: physical memory / sandbox_limits.memory_bytes.
@@ -168,6 +172,11 @@ def _check(cfg: ServerConfig) -> None:
     for name in ("default_timeout_s", "max_wait_s", "retention_s", "read_timeout_s", "keepalive_s"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
+    try:
+        cfg.sandbox.validate()
+        cfg.sandbox_limits.validate()
+    except (SpecError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
     _check_capacity(cfg)
 
 

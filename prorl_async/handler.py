@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import msgspec
 
 if TYPE_CHECKING:
+    from prorl_async.config import ServerConfig
     from prorl_async.job import Job
 
 __all__ = ["ENTRY_POINT_GROUP", "AgentHandler", "HandlerRegistry", "InstanceError"]
@@ -53,6 +54,9 @@ class AgentHandler(ABC):
             return msgspec.convert(instance, self.instance_type)
         except msgspec.ValidationError as exc:
             raise InstanceError(f"instance: {_field_path(str(exc))}") from None
+
+    def admit(self, instance: Any, config: ServerConfig) -> None:
+        """Reject (``InstanceError``) a valid instance this server's configuration forbids."""
 
     async def init(self, job: Job) -> None:
         """Prepare the job: start its sandbox and tools."""

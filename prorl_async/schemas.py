@@ -212,6 +212,8 @@ class StatusResponse(msgspec.Struct, frozen=True):
     jit_waiting: int = 0
     autoscale: bool = False
     store: StoreInfo | None = None
+    # How each sandbox limit is enforced here, and as which user sandboxed code runs.
+    sandbox_enforcement: dict[str, str] = {}
 
 
 class Problem(msgspec.Struct, frozen=True):

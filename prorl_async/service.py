@@ -173,7 +173,9 @@ class RolloutService:
             raise Unprocessable(f"{where}task: unknown task {req.task!r} (known: {known})")
         try:
             check_sampling_params(req.sampling_params)
-            return handler, handler.validate(req.instance)
+            instance = handler.validate(req.instance)
+            handler.admit(instance, self.config)
+            return handler, instance
         except (InstanceError, SamplingParamsError) as exc:
             raise Unprocessable(f"{where}{exc}") from None
 
@@ -342,7 +344,12 @@ class RolloutService:
             jit_waiting=pipe.jit.waiting,
             autoscale=self.autoscaler is not None,
             store=self.store.stats(),
+            sandbox_enforcement=self._enforcement(),
         )
+
+    def _enforcement(self) -> dict[str, str]:
+        runtime = self.services.runtime
+        return {} if runtime is None else runtime.enforcement(self.config.sandbox_limits)
 
 
 def _make_store(config: ServerConfig) -> JobStore:

@@ -6,9 +6,11 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 
+import msgspec
+
 from prorl_async.backends import BackendPool
 from prorl_async.capacity import WarmPool, default_max_sandboxes
-from prorl_async.sandbox import RuntimeConfig, SandboxRecords, SandboxSpec, get_runtime
+from prorl_async.sandbox import SandboxRecords, SandboxSpec, get_runtime
 from prorl_async.services import Services
 from prorl_async.tokenizer import load_tokenizer
 
@@ -22,7 +24,9 @@ async def open_services(services: Services) -> AsyncIterator[Services]:
     """Open the services in order, close them in reverse (after every job is released)."""
     config = services.config
     services.tokenizer = load_tokenizer(config.tokenizer)
-    runtime_config = RuntimeConfig(state_dir=config.state_dir, image=config.image)
+    runtime_config = msgspec.structs.replace(
+        config.sandbox, state_dir=config.state_dir, image=config.sandbox.image or config.image
+    )
     reaped = SandboxRecords(config.state_dir).reap_stale()
     if reaped:
         log.warning("reaped %d sandboxes left by a previous run", len(reaped))
@@ -34,6 +38,7 @@ async def open_services(services: Services) -> AsyncIterator[Services]:
         runtime.budget.resize(config.max_sandboxes or default_max_sandboxes(limits))
         log.info("sandbox budget: %d live sandboxes at most", runtime.budget.capacity)
         services.runtime = runtime
+        log.info("sandbox limits enforced: %s", runtime.enforcement())
         if config.warm_sandboxes > 0:
             # The spec math/code/swe INIT asks for: it does not depend on the instance.
             warm = WarmPool(runtime, SandboxSpec(limits=limits), config.warm_sandboxes)

@@ -11,6 +11,10 @@ What binds where (``describe_enforcement`` reports it at start-up):
   root (uid 0 or ``CAP_SYS_RESOURCE``/``CAP_SYS_ADMIN``); only a pids cgroup gives a
   per-sandbox process cap then. One is used when this process may create child
   cgroups in its pids hierarchy (cgroup v1 ``pids`` or a delegated v2 subtree).
+- ``sandbox_memory_bytes`` is for all the sandbox's processes together: a memory
+  cgroup (v1 ``memory`` or delegated v2), where one can be created.
+- ``disk_bytes`` caps workspace and ``/tmp`` together: a size-capped tmpfs (see
+  ``disk.py``); without mount rights, bwrap's ``--size`` caps ``/tmp`` alone.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ class SandboxLimits(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fi
 
     # Address space per process: stops a runaway allocation with MemoryError/ENOMEM.
     memory_bytes: int | None = 4 * GiB
+    # Memory of all the sandbox's processes together (memory cgroup): OOM kill inside past it.
+    sandbox_memory_bytes: int | None = 4 * GiB
+    # Workspace and /tmp together (size-capped tmpfs): writes past it fail with ENOSPC.
+    disk_bytes: int | None = 2 * GiB
     # Largest file any process may write: a 10 GB write dies with SIGXFSZ at this size.
     file_size_bytes: int | None = 1 * GiB
     # CPU seconds per process (SIGXCPU, then SIGKILL at the hard limit).
@@ -81,13 +89,17 @@ def prlimit_binary() -> str:
     return path
 
 
-def prlimit_argv(limits: SandboxLimits) -> list[str]:
-    """``prlimit --as=N:N ... --`` prefix setting soft = hard for every configured limit."""
+def prlimit_argv(limits: SandboxLimits, *, nproc: bool = True) -> list[str]:
+    """``prlimit --as=N:N ... --`` prefix setting soft = hard for every configured limit.
+
+    ``nproc=False`` leaves ``RLIMIT_NPROC`` out: where a pids cgroup caps each sandbox, a
+    per-uid count shared by every sandbox of the same uid would only get in the way.
+    """
     limits.validate()
     argv = [prlimit_binary()]
     for field, flag in _PRLIMIT_FLAGS:
         value = getattr(limits, field)
-        if value is not None:
+        if value is not None and (nproc or field != "max_processes"):
             argv.append(f"{flag}={value}:{value}")
     argv.append("--")
     return argv
@@ -112,8 +124,17 @@ def nproc_binds() -> bool:
     return not _effective_caps() & (cap_sys_admin | cap_sys_resource)
 
 
-def describe_enforcement(limits: SandboxLimits, pids_cgroup: Path | None) -> dict[str, str]:
-    """Human-readable account of how each limit is enforced on this machine."""
+def describe_enforcement(
+    limits: SandboxLimits,
+    pids_cgroup: Path | None,
+    *,
+    memory_cgroup: Path | None = None,
+    disk: str | None = None,
+) -> dict[str, str]:
+    """Human-readable account of how each limit is enforced on this machine.
+
+    ``disk`` says what caps ``disk_bytes`` here (None: nothing does).
+    """
     out: dict[str, str] = {}
     for field, flag in _PRLIMIT_FLAGS:
         value = getattr(limits, field)
@@ -122,8 +143,26 @@ def describe_enforcement(limits: SandboxLimits, pids_cgroup: Path | None) -> dic
         elif field != "max_processes":
             out[field] = f"RLIMIT_{flag[2:].upper()}={value} per process"
     out["max_processes"] = _describe_processes(limits.max_processes, pids_cgroup)
+    out["sandbox_memory_bytes"] = _describe_memory(limits.sandbox_memory_bytes, memory_cgroup)
+    out["disk_bytes"] = _describe_disk(limits.disk_bytes, disk)
     out["output_bytes"] = f"{limits.output_bytes} bytes kept per exec/tool call"
     return out
+
+
+def _describe_memory(value: int | None, memory_cgroup: Path | None) -> str:
+    if value is None:
+        return "unset"
+    if memory_cgroup is None:
+        return "NOT ENFORCED: no memory cgroup can be created here (per-process RLIMIT_AS only)"
+    return f"memory cgroup limit={value} for all processes of a sandbox under {memory_cgroup}"
+
+
+def _describe_disk(value: int | None, disk: str | None) -> str:
+    if value is None:
+        return "unset"
+    if disk is None:
+        return "NOT ENFORCED: no size-capped tmpfs here (per-file RLIMIT_FSIZE only)"
+    return f"{value} bytes by {disk}"
 
 
 def _describe_processes(value: int | None, pids_cgroup: Path | None) -> str:

@@ -26,6 +26,10 @@ class LocalRuntime(Runtime):
     name = "local"
     isolated = False
 
+    @property
+    def drops_root(self) -> bool:
+        return False  # no isolation to drop into: the tool server runs as the server's user
+
     def command(self, spec: SandboxSpec, layout: Layout, ip: str) -> list[str]:
         # cd into the workspace without a shell-interpolated path: exec via env -C.
         return [
@@ -38,7 +42,7 @@ class LocalRuntime(Runtime):
     def environment(self, spec: SandboxSpec, layout: Layout, ip: str) -> dict[str, str]:
         env = self.sandbox_env(spec, layout, ip)
         env["PATH"] = f"{os.path.dirname(self.config.python)}:{os.environ.get('PATH', '')}"
-        env.setdefault("TMPDIR", str(layout.root))
+        env.setdefault("TMPDIR", str(layout.tmp))
         return env
 
     async def start(self, spec: SandboxSpec | None = None) -> Sandbox:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import msgspec
 
 from prorl_async._procs import descendants, kill_all, start_time
+from prorl_async.sandbox.disk import remove_tree
 from prorl_async.sandbox.loopback import LoopbackAllocator
 
 __all__ = ["SandboxRecord", "SandboxRecords"]
@@ -181,4 +181,4 @@ def _free_loopback(lock_file: str | None) -> None:
 
 def _remove_paths(rec: SandboxRecord) -> None:
     for p in rec.paths:
-        shutil.rmtree(p, ignore_errors=True)
+        remove_tree(p)

@@ -1,10 +1,12 @@
 """The runtime interface: ``Runtime.start(spec) -> Sandbox`` and ``get_runtime(name, config)``.
 
 A runtime only decides *how* the tool server is launched (``command`` and
-``environment``); everything else is shared: the sandbox's directories, loopback
-address, pids cgroup, rlimits (a ``prlimit`` prefix), its own session and process
-group, the live-sandbox record, and readiness (a successful connect to the tool
-server's socket, raced against the process exiting).
+``environment``); everything else is shared: the sandbox's directories (on a
+size-capped tmpfs where one can be mounted), loopback address, pids and memory
+cgroup, rlimits (a ``prlimit`` prefix), its own session and process group, the
+live-sandbox record, and readiness (a successful connect to the tool server's
+socket, raced against the process exiting). The launched process gets a minimal
+environment, never the server's: its secrets must not reach the sandbox.
 """
 
 from __future__ import annotations
@@ -13,20 +15,26 @@ import abc
 import asyncio
 import logging
 import os
-import shutil
 from typing import ClassVar, Protocol
 
 from prorl_async.capacity.budget import SandboxBudget
-from prorl_async.sandbox.cgroup import PidsCgroup, find_pids_parent
+from prorl_async.sandbox.cgroup import SandboxCgroup, find_cgroup_parents
+from prorl_async.sandbox.disk import can_mount
 from prorl_async.sandbox.layout import Layout
-from prorl_async.sandbox.limits import describe_enforcement, prlimit_argv
+from prorl_async.sandbox.limits import SandboxLimits, describe_enforcement, prlimit_argv
 from prorl_async.sandbox.loopback import LoopbackAllocator, LoopbackLease
 from prorl_async.sandbox.records import SandboxRecords
 from prorl_async.sandbox.sandbox import Sandbox
-from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec
+from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec, SpecError
 from prorl_async.toolclient import ToolClient
 
-__all__ = ["Runtime", "RuntimeUnavailableError", "SandboxStartError", "get_runtime"]
+__all__ = [
+    "Runtime",
+    "RuntimeUnavailableError",
+    "SandboxStartError",
+    "get_runtime",
+    "join_cgroup_argv",
+]
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +75,8 @@ class Runtime(abc.ABC):
         self.config.validate()
         self.allocator = LoopbackAllocator(self.config.loopback_dir)
         self.records = SandboxRecords(self.config.state_dir)
-        explicit = self.config.cgroup_parent
-        self.pids_parent = None if explicit == "" else find_pids_parent(explicit)
+        self.cgroups = find_cgroup_parents(self.config.cgroup_parent)
+        self.pids_parent = self.cgroups.pids
         self._live: set[Sandbox] = set()
         self.budget = SandboxBudget()
         self.warm: WarmSource | None = None
@@ -78,11 +86,32 @@ class Runtime(abc.ABC):
         """The argv that runs the tool server in a sandbox (before the limits prefix)."""
 
     def environment(self, spec: SandboxSpec, layout: Layout, ip: str) -> dict[str, str]:
-        """Environment of the launched process (runtimes that clear it inside pass the host's)."""
-        return dict(os.environ)
+        """Environment of the launched process: a bare PATH, nothing of the server's."""
+        return {"PATH": _BASE_PATH}
 
     def check_spec(self, spec: SandboxSpec) -> None:
         """Reject a spec this runtime cannot honour (``SpecError`` naming the field)."""
+        if spec.network and not self.config.allow_network:
+            raise SpecError(
+                "network: sandboxes with network are disabled on this server "
+                "(the operator enables them with [sandbox] allow_network = true)"
+            )
+
+    @property
+    def drops_root(self) -> bool:
+        """Whether sandboxed processes run as ``sandbox_uid`` (a server running as root)."""
+        return os.geteuid() == 0
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """Host uid/gid the sandbox's writable directories belong to (None: the server's)."""
+        if not self.drops_root:
+            return None
+        return (self.config.sandbox_uid, self.config.sandbox_gid)
+
+    def disk_enforcer(self) -> str | None:
+        """What caps workspace + /tmp together here (None: nothing)."""
+        return "a size-capped tmpfs holding workspace and /tmp" if can_mount() else None
 
     def sandbox_env(self, spec: SandboxSpec, layout: Layout, ip: str) -> dict[str, str]:
         """Variables every sandboxed process sees; ``spec.env`` wins over them."""
@@ -110,9 +139,26 @@ class Runtime(abc.ABC):
         """Number of sandboxes started and not yet closed."""
         return len(self._live)
 
-    def enforcement(self) -> dict[str, str]:
-        """How the default limits are enforced here (for the start-up log and /status)."""
-        return describe_enforcement(SandboxSpec().limits, self.pids_parent)
+    def enforcement(self, limits: SandboxLimits | None = None) -> dict[str, str]:
+        """How ``limits`` (default: the defaults) are enforced here, and as which user sandboxed
+        code runs (for the start-up log and ``/status``)."""
+        out = describe_enforcement(
+            limits if limits is not None else SandboxLimits(),
+            self.cgroups.pids,
+            memory_cgroup=self.cgroups.memory,
+            disk=self.disk_enforcer(),
+        )
+        out["runtime"] = self.name
+        out["user"] = self._describe_user()
+        return out
+
+    def _describe_user(self) -> str:
+        if self.drops_root:
+            return (
+                f"host uid {self.config.sandbox_uid} gid {self.config.sandbox_gid}, no capabilities"
+            )
+        uid = os.geteuid()
+        return f"host uid {uid} (the server's){' UNISOLATED' if not self.isolated else ''}"
 
     async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
         """Start a sandbox and return once its tool server answers; clean up on any failure.
@@ -152,7 +198,10 @@ class Runtime(abc.ABC):
             self.budget.release()
 
     def _prepare(self, spec: SandboxSpec) -> Sandbox:
-        layout = Layout.create(self.config.run_dir, isolated=self.isolated)
+        disk = spec.limits.disk_bytes if can_mount() else None
+        layout = Layout.create(
+            self.config.run_dir, isolated=self.isolated, disk_bytes=disk, owner=self.owner
+        )
         lease: LoopbackLease | None = None
         try:
             layout.write_files(spec.files)
@@ -161,7 +210,7 @@ class Runtime(abc.ABC):
         except BaseException:
             if lease is not None:
                 lease.release()
-            shutil.rmtree(layout.root, ignore_errors=True)
+            layout.remove()
             raise
         sb = Sandbox(
             runtime=self.name,
@@ -176,23 +225,21 @@ class Runtime(abc.ABC):
         self._live.add(sb)
         return sb
 
-    def _make_cgroup(self, layout: Layout, spec: SandboxSpec) -> PidsCgroup | None:
-        if self.pids_parent is None:
-            return None
+    def _make_cgroup(self, layout: Layout, spec: SandboxSpec) -> SandboxCgroup | None:
         name = f"prorl-sb-{layout.sandbox_id}"
-        return PidsCgroup.create(self.pids_parent, name, spec.limits.max_processes)
+        limits = spec.limits
+        return SandboxCgroup.create(
+            self.cgroups, name, max_pids=limits.max_processes, memory=limits.sandbox_memory_bytes
+        )
 
     def _argv(self, sb: Sandbox, spec: SandboxSpec) -> list[str]:
-        prefix = prlimit_argv(spec.limits)
-        if sb.cgroup is not None:
-            # Join the cgroup before exec, so every process of the sandbox is born inside it.
-            prefix = [
-                "/bin/sh",
-                "-c",
-                'echo $$ > "$0" && exec "$@"',
-                str(sb.cgroup.procs_file),
-            ] + prefix
-        return prefix + self.command(spec, sb.layout, sb.loopback_ip)
+        # With a pids cgroup, a per-uid RLIMIT_NPROC would count every sandbox of sandbox_uid.
+        pids_capped = sb.cgroup is not None and self.cgroups.pids is not None
+        prefix = prlimit_argv(spec.limits, nproc=not pids_capped)
+        return join_cgroup_argv(sb) + prefix + self.command(spec, sb.layout, sb.loopback_ip)
+
+    async def attach_network(self, sb: Sandbox, spec: SandboxSpec) -> None:
+        """Give a started sandbox the outside network its spec asks for (runtimes that can)."""
 
     async def _launch(self, sb: Sandbox, spec: SandboxSpec) -> None:
         argv = self._argv(sb, spec)
@@ -204,21 +251,24 @@ class Runtime(abc.ABC):
                 stdout=out,
                 stderr=out,
                 env=self.environment(spec, sb.layout, sb.loopback_ip),
+                cwd=sb.layout.root,  # a shell wrapper exports PWD: not the server's directory
                 start_new_session=True,
             )
         finally:
             os.close(out)
         sb.attach_process(proc)
-        cgroup = str(sb.cgroup.path) if sb.cgroup is not None else None
+        cgroups = tuple(str(p) for p in sb.cgroup.paths) if sb.cgroup is not None else ()
         self.records.add(
             sb.id,
             proc.pid,
             runtime=self.name,
             paths=(str(sb.layout.root),),
-            cgroup=cgroup,
+            cgroups=cgroups,
             loopback=sb.loopback_lock,
         )
         sb.attach_client(await self._connect(sb))
+        if spec.network:
+            await self.attach_network(sb, spec)
 
     async def _connect(self, sb: Sandbox) -> ToolClient:
         timeout = self.config.start_timeout_s
@@ -246,6 +296,16 @@ class Runtime(abc.ABC):
         live = list(self._live)
         if live:
             await asyncio.gather(*(sb.aclose() for sb in live), return_exceptions=True)
+
+
+def join_cgroup_argv(sb: Sandbox) -> list[str]:
+    """A ``sh`` prefix joining the sandbox's cgroups before exec, so every process of the
+    sandbox (and a helper such as slirp4netns) is born inside them."""
+    if sb.cgroup is None:
+        return []
+    files = [str(f) for f in sb.cgroup.procs_files]
+    join = " && ".join(f'echo $$ > "${i + 1}"' for i in range(len(files)))
+    return ["/bin/sh", "-c", f'{join} && shift {len(files)} && exec "$@"', "sh", *files]
 
 
 def get_runtime(name: str, config: RuntimeConfig | None = None) -> Runtime:

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 from prorl_async._procs import descendants, kill_all, start_time, wait_exited
 from prorl_async._resource import AsyncResource
-from prorl_async.sandbox.cgroup import PidsCgroup
+from prorl_async.sandbox.cgroup import SandboxCgroup
 from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.limits import SandboxLimits
 from prorl_async.sandbox.loopback import LoopbackLease
@@ -47,7 +46,7 @@ class Sandbox(AsyncResource):
         lease: LoopbackLease,
         limits: SandboxLimits,
         records: SandboxRecords,
-        cgroup: PidsCgroup | None,
+        cgroup: SandboxCgroup | None,
         close_grace: float,
         on_close: Callable[[Sandbox], None] | None = None,
     ) -> None:
@@ -62,6 +61,7 @@ class Sandbox(AsyncResource):
         self._on_close = on_close
         self._proc: asyncio.subprocess.Process | None = None
         self._client: ToolClient | None = None
+        self._helpers: list[asyncio.subprocess.Process] = []
         self._tree: dict[int, int] = {}
         self._closing = False
         self._closed = asyncio.Event()
@@ -106,8 +106,8 @@ class Sandbox(AsyncResource):
         return self._closing
 
     @property
-    def cgroup(self) -> PidsCgroup | None:
-        """The sandbox's pids cgroup, where one could be created."""
+    def cgroup(self) -> SandboxCgroup | None:
+        """The sandbox's cgroup (pids, memory), where one could be created."""
         return self._cgroup
 
     @property
@@ -150,6 +150,10 @@ class Sandbox(AsyncResource):
 
     def attach_client(self, client: ToolClient) -> None:
         self._client = client
+
+    def attach_helper(self, proc: asyncio.subprocess.Process) -> None:
+        """A host-side process serving the sandbox (slirp4netns), ended with it."""
+        self._helpers.append(proc)
 
     def process_exited(self) -> bool:
         return self._proc is None or self._proc.returncode is not None
@@ -211,8 +215,12 @@ class Sandbox(AsyncResource):
         self._signal_group(signal.SIGKILL)
         victims = [p for p, t in self._tree.items() if start_time(p) == t]
         kill_all(victims)
-        if self._proc is not None:
-            await self._proc.wait()
+        for helper in self._helpers:
+            if helper.returncode is None:
+                helper.kill()
+        for proc in (self._proc, *self._helpers):
+            if proc is not None:
+                await proc.wait()
         left = await wait_exited(victims, timeout=5.0)
         if left:
             log.error("sandbox %s: processes survived SIGKILL: %s", self.id, sorted(left))
@@ -228,7 +236,7 @@ class Sandbox(AsyncResource):
             os.killpg(self._proc.pid, sig)
 
     def _release(self) -> None:
-        shutil.rmtree(self.layout.root, ignore_errors=True)
+        self.layout.remove()
         self._lease.release()
         self._records.remove(self.id)
         if self._on_close is not None:

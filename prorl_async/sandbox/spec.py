@@ -25,7 +25,8 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fiel
 
     # {relative path: text} written into the workspace before the sandbox starts.
     files: dict[str, str] = {}
-    # Share the host network namespace. Off by default: only a private loopback inside.
+    # Outside network through a user-mode stack (pasta) in the sandbox's own network
+    # namespace; the host's loopback stays unreachable. Only if the runtime allows it.
     network: bool = False
     # Appear as uid 0 inside (apptainer --fakeroot, e.g. for package installs).
     fakeroot: bool = False
@@ -81,8 +82,16 @@ class RuntimeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     image: str | None = None
     # A delegated pids cgroup directory; None auto-detects one, "" disables cgroups.
     cgroup_parent: str | None = None
-    # Host paths hidden (empty tmpfs) inside bwrap sandboxes, e.g. secrets under /root.
+    # Host paths hidden (empty tmpfs) inside bwrap sandboxes, e.g. a secret inside a bound dir.
     hide_paths: tuple[str, ...] = ()
+    # Extra host paths bound read-only at the same place inside bwrap sandboxes (the default
+    # is an allowlist: system dirs, a few /etc files, the Python environment, the workspace).
+    extra_binds: tuple[str, ...] = ()
+    # Whether a spec may ask for network: true (else SpecError, a 422 at submit).
+    allow_network: bool = False
+    # Host uid/gid sandboxed processes run as when the server runs as root.
+    sandbox_uid: int = 65534
+    sandbox_gid: int = 65534
     start_timeout_s: float = 30.0
     # Grace for a graceful close (tool server shutdown, then SIGTERM) before SIGKILL.
     close_grace_s: float = 2.0
@@ -91,7 +100,14 @@ class RuntimeConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     image_python: str = "python3"
 
     def validate(self) -> None:
-        """Raise ``SpecError`` naming a bad timeout."""
+        """Raise ``SpecError`` naming a bad timeout, uid or path."""
         for name in ("start_timeout_s", "close_grace_s"):
             if getattr(self, name) <= 0:
                 raise SpecError(f"runtime.{name} must be > 0, got {getattr(self, name)}")
+        for name in ("sandbox_uid", "sandbox_gid"):
+            if getattr(self, name) <= 0:
+                raise SpecError(f"sandbox.{name} must be a non-root id > 0")
+        for name in ("hide_paths", "extra_binds"):
+            for path in getattr(self, name):
+                if not os.path.isabs(path) or os.path.normpath(path) == "/":
+                    raise SpecError(f"sandbox.{name}: {path!r} must be an absolute path, not /")

@@ -41,7 +41,9 @@ def runtime(config: RuntimeConfig, apptainer_double: Path) -> ApptainerRuntime:
     require(problem is None, f"the apptainer double runs under bwrap, which fails: {problem}")
     # The double's "image" is the host root, so the tool server runs on the host's Python.
     fields = {f: getattr(config, f) for f in config.__struct_fields__}
-    return ApptainerRuntime(RuntimeConfig(**{**fields, "image_python": sys.executable}))
+    return ApptainerRuntime(
+        RuntimeConfig(**{**fields, "image_python": sys.executable, "allow_network": True})
+    )
 
 
 def _calls(log: Path) -> list[dict[str, object]]:
@@ -84,7 +86,8 @@ async def test_network_opt_in_and_fakeroot(
     (call,) = _calls(apptainer_double)
     argv = call["argv"]
     assert isinstance(argv, list)
-    assert "--fakeroot" in argv and "--net" not in argv and "--network" not in argv
+    assert "--fakeroot" in argv
+    assert argv[argv.index("--network") + 1] == "bridge"  # its own netns, never the host's
 
 
 async def test_image_is_required_and_must_exist(runtime: ApptainerRuntime, tmp_path: Path) -> None:

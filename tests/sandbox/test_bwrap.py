@@ -53,14 +53,6 @@ async def test_no_network_by_default(bwrap: BwrapRuntime) -> None:
         assert net.stdout.split()[0:1] in (["ls:"], ["lo:"]) and "eth" not in net.stdout
 
 
-async def test_network_opt_in_reaches_host_loopback(bwrap: BwrapRuntime) -> None:
-    server, port, got = await _listener()
-    async with server, await bwrap.start(SandboxSpec(network=True)) as sb:
-        r = await sb.exec(f"python3 -c '{_CONNECT}' {port}", timeout=20)
-        assert r.exit_code == 0, r
-        assert await asyncio.wait_for(got, 10) == b"from-sandbox"
-
-
 async def test_host_is_read_only_except_workspace(bwrap: BwrapRuntime, tmp_path: Path) -> None:
     spec = SandboxSpec(files={"src/a.txt": "alpha"})
     async with await bwrap.start(spec) as sb:
@@ -85,7 +77,7 @@ async def test_loopback_ip_exported_unique_and_bindable(bwrap: BwrapRuntime) -> 
         "python3 -c 'import os, socket; "
         'socket.socket().bind((os.environ["SANDBOX_LOOPBACK_IP"], 0))\''
     )
-    sbs = await asyncio.gather(*(bwrap.start(SandboxSpec(network=True)) for _ in range(6)))
+    sbs = await asyncio.gather(*(bwrap.start() for _ in range(6)))
     try:
         outs = await asyncio.gather(
             *(sb.exec(f'{bind} && echo "$SANDBOX_LOOPBACK_IP"', timeout=20) for sb in sbs)
@@ -104,8 +96,11 @@ async def test_default_rlimits_apply_inside(bwrap: BwrapRuntime) -> None:
     async with await bwrap.start() as sb:
         r = await sb.exec(f'python3 -c "{show}"', timeout=10)
         lim = SandboxLimits()
-        want = (lim.memory_bytes, lim.file_size_bytes, lim.open_files, lim.max_processes)
-        assert r.stdout.split() == [str(v) for v in want]
+        want = (lim.memory_bytes, lim.file_size_bytes, lim.open_files)
+        got = r.stdout.split()
+        assert got[:3] == [str(v) for v in want]
+        # RLIMIT_NPROC is per uid: only the fallback when no pids cgroup caps each sandbox.
+        assert (got[3] == str(lim.max_processes)) == (bwrap.cgroups.pids is None), got
 
 
 async def test_huge_write_and_runaway_allocation_are_stopped(bwrap: BwrapRuntime) -> None:
@@ -148,6 +143,7 @@ async def test_process_cap(bwrap: BwrapRuntime) -> None:
 async def test_close_or_cancel_mid_command_leaves_nothing(bwrap: BwrapRuntime, how: str) -> None:
     sb = await bwrap.start()
     os.mkfifo(sb.workspace / "ready")
+    os.chmod(sb.workspace / "ready", 0o666)  # the sandbox may run as another uid (root server)
     # A plain child and one in its own session (escaped the group); the latter says when it runs.
     runner = 'import time; open("ready", "w").write("go"); time.sleep(1000)'
     cmd = f"sleep 1000 & setsid python3 -c '{runner}' & wait"
