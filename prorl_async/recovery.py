@@ -81,16 +81,6 @@ def _job(
     instance: Any,
 ) -> Job:
     req = req if req is not None else ProcessRequest(task="unknown")
-    job = Job(
-        job_id=rec.job_id,
-        task=req.task,
-        handler=handler,
-        instance=instance,
-        sampling_params=req.sampling_params,
-        timeout_s=req.timeout_s or service.config.default_timeout_s,
-        metadata=req.metadata,
-        services=service.services,
-    )
-    job.request = req
+    job = service.build_job(req, handler, instance, rec.job_id)
     job.restarts = rec.restarts + 1
     return job

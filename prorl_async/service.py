@@ -179,9 +179,12 @@ class RolloutService:
         except (InstanceError, SamplingParamsError) as exc:
             raise Unprocessable(f"{where}{exc}") from None
 
-    def create(self, req: ProcessRequest, handler: AgentHandler, instance: Any) -> Job:
+    def build_job(
+        self, req: ProcessRequest, handler: AgentHandler, instance: Any, job_id: str
+    ) -> Job:
+        """A job for an admitted request (not yet queued)."""
         job = Job(
-            job_id=req.job_id or f"j-{uuid.uuid4().hex}",
+            job_id=job_id,
             task=req.task,
             handler=handler,
             instance=instance,
@@ -191,6 +194,10 @@ class RolloutService:
             services=self.services,
         )
         job.request = req
+        return job
+
+    def create(self, req: ProcessRequest, handler: AgentHandler, instance: Any) -> Job:
+        job = self.build_job(req, handler, instance, req.job_id or f"j-{uuid.uuid4().hex}")
         self.pipeline.submit(job)
         return job
 
