@@ -5,8 +5,9 @@ Little's law, applied twice (no tuning constants beyond the hysteresis):
 1. The sandbox budget bounds throughput: a job holds sandboxes for ``S`` sandbox-seconds
    on average, so at most ``X_max = B / S`` jobs per second fit in a budget of ``B``.
    ``S`` is measured per stage: INIT's active time (its sandbox is held, the slot wait
-   is not), RUN's wall time and its queue's idle sandbox-seconds per job, and EVAL's
-   active time times the fraction of EVALs that take a sandbox. The target
+   is not), RUN's wall time and its queue's idle sandbox-seconds per job, and the
+   recent share of EVALs that take a fresh sandbox times *those* EVALs' active time
+   (in a math/swe mix, the mean over all EVALs would count the sandbox-free ones too).
 2. A stage whose jobs take ``W_s`` active seconds (measured; waits for a sandbox slot
    or a backend excluded: more workers do not shorten those) needs ``X_s * W_s``
    workers to carry ``X_s`` jobs per second; one worker is added for variance. ``X_s``
@@ -128,11 +129,13 @@ class Autoscaler:
             return None
         budget = self._budget()
         taken = {} if budget is None else budget.taken_by
-        init_n, run_n, eval_n = (max(st[s].service.count, 1) for s in STAGES)
+        init_n, run_n = (max(st[s].service.count, 1) for s in ("init", "run"))
         holds_init = min(taken.get("init", 0) / init_n, 1.0)
-        holds_eval = min(taken.get("eval", 0) / eval_n, 1.0)
         queue_idle = st["run"].idle_sandbox_seconds / run_n
-        return holds_init * (a_init + w_run + queue_idle) + holds_eval * a_eval
+        # EVAL: the recent share of EVALs that took a sandbox times *their* active time.
+        holds_eval = st["eval"].sandboxed.value or 0.0
+        a_eval_sandboxed = st["eval"].sandboxed_active.value or 0.0
+        return holds_init * (a_init + w_run + queue_idle) + holds_eval * a_eval_sandboxed
 
     def max_throughput(self) -> float | None:
         """``X_max`` in jobs/s: ``None`` until every stage was measured, ``inf`` when the
