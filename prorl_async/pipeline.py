@@ -249,6 +249,7 @@ class Pipeline:
         slots = [0]  # budget slots this job takes in this stage
         STAGE_SLOTS.set(slots)
         before, t0 = job.timer.elapsed(), time.monotonic()
+        self.stats[stage.value].started(job, lambda: job.timer.elapsed() - before)
         timeout: asyncio.Timeout | None = None
         try:
             async with job.timer.deadline() as timeout:
@@ -267,6 +268,7 @@ class Pipeline:
             job.stage_active[stage] = job.stage_active.get(stage, 0.0) + active
             wall = time.monotonic() - t0
             job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + wall
+            self.stats[stage.value].ended(job)
             self.stats[stage.value].finished(wall, active, slots[0])
             if stage is not Stage.INIT and job.holds_resources:
                 # Waiting (timer paused, e.g. for a backend) while holding a sandbox: idle too.

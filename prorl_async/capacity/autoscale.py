@@ -10,7 +10,10 @@ Little's law, applied twice (no tuning constants beyond the hysteresis):
    (in a math/swe mix, the mean over all EVALs would count the sandbox-free ones too).
 2. A stage whose jobs take ``W_s`` active seconds (measured; waits for a sandbox slot
    or a backend excluded: more workers do not shorten those) needs ``X_s * W_s``
-   workers to carry ``X_s`` jobs per second; one worker is added for variance. ``X_s``
+   workers to carry ``X_s`` jobs per second; one worker is added for variance. When
+   the jobs in the stage have already run longer (median) than ``W_s``, that is used:
+   finished jobs alone lag after a shift to longer jobs (e.g. swe after math EVALs),
+   the more so the fewer workers the stage has. ``X_s``
    is ``X_max`` while the stage's own queue is not empty, else
    ``min(X_max, 1.2 * the stage's arrival rate)``: jobs already inside the pipeline keep
    the later stages provisioned after intake stops.
@@ -156,7 +159,7 @@ class Autoscaler:
 
     def desired(self, stage: str, x: float) -> int:
         st = self.pipeline.stats[stage]
-        w = st.active.value
+        w = self.service_time(stage)
         if w is None:
             return self.pipeline.pools[Stage(stage)].size
         lo, hi = self.config.bounds(stage)
@@ -164,6 +167,14 @@ class Autoscaler:
         if stage == "run" and st.service.value is not None:
             want = min(want, self._backend_cap(st.service.value, hi))
         return min(max(want, lo), hi)
+
+    def service_time(self, stage: str) -> float | None:
+        """``W_s``: the recent mean active time of finished jobs, or the median time the
+        jobs in the stage have already run if that is longer (jobs got longer)."""
+        st = self.pipeline.stats[stage]
+        if st.active.value is None:
+            return None
+        return max(st.active.value, st.running_age() or 0.0)
 
     def _backend_cap(self, wall: float, hi: int) -> int:
         active = self.pipeline.stats["run"].active.value
@@ -203,7 +214,7 @@ class Autoscaler:
     def _record(self, stage: str, old: int, new: int, x: float, direction: str) -> Decision:
         key = (stage, direction)
         self.decisions[key] = self.decisions.get(key, 0) + 1
-        w = self.pipeline.stats[stage].active.value or 0.0
+        w = self.service_time(stage) or 0.0
         reason = f"X={x:.2f} jobs/s * W={w:.3f}s"
         log.debug("autoscale %s: %d -> %d workers (%s)", stage, old, new, reason)
         return Decision(stage, old, new, reason)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import statistics
 import time
+from collections.abc import Callable
 
 __all__ = ["CURRENT_STAGE", "STAGE_SLOTS", "Ewma", "Pulse", "RateMeter", "StageStats"]
 
@@ -86,6 +88,24 @@ class StageStats:
         self.completions = RateMeter()
         self.arrivals = RateMeter()
         self.idle_sandbox_seconds = 0.0
+        # Jobs in the stage now: their active seconds so far, by a key of the caller's.
+        self._running: dict[object, Callable[[], float]] = {}
+
+    def started(self, key: object, active_so_far: Callable[[], float]) -> None:
+        self._running[key] = active_so_far
+
+    def ended(self, key: object) -> None:
+        self._running.pop(key, None)
+
+    def running_age(self) -> float | None:
+        """Median active seconds so far of the jobs in the stage (``None``: none).
+
+        Completed jobs alone lag when the jobs get longer: few of the long ones finish,
+        and the fewer workers, the fewer. The median (not the mean) ignores a straggler.
+        """
+        if not self._running:
+            return None
+        return statistics.median(age() for age in self._running.values())
 
     def finished(self, wall_s: float, active_s: float, slots: int = 0) -> None:
         self.service.add(wall_s)

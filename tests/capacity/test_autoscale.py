@@ -168,3 +168,24 @@ def test_a_shift_to_sandboxed_evals_shows_within_tens_of_jobs() -> None:
     after = scaler.sandbox_seconds_per_job()
     assert before is not None and math.isclose(before, 1.1)
     assert after is not None and after - 1.1 >= 0.8 * 3.0, after
+
+
+def test_jobs_getting_longer_show_before_they_finish() -> None:
+    # 100 EVALs of 0.02 s finished; now 4 EVALs (swe-like) have run 2 s and go on. Sized
+    # from finished jobs only, EVAL would get ceil(10 * 0.02) + 1 = 2 workers, and the
+    # longer EVALs would show only as the few it runs finish.
+    pipe = _pipeline()
+    scaler = Autoscaler(pipe, lambda: SandboxBudget(20), AutoscaleConfig())
+    st = pipe.stats["eval"]
+    for _ in range(100):
+        st.finished(0.02, 0.02)
+    assert scaler.desired("eval", 10.0) == 2
+    for key in range(4):
+        st.started(key, lambda: 2.0)
+    assert scaler.service_time("eval") == 2.0
+    assert scaler.desired("eval", 10.0) == math.ceil(10 * 2.0) + 1
+    st.started("straggler", lambda: 500.0)  # the median ignores one straggler
+    assert scaler.service_time("eval") == 2.0
+    for key in [*range(4), "straggler"]:
+        st.ended(key)
+    assert scaler.service_time("eval") == st.active.value
