@@ -15,7 +15,7 @@ Workloads (all jobs submitted at once, in order):
 The LLM backends decode at most 16 requests at once. Sandboxes are the ``budgeted``
 TEST DOUBLE (tests/capacity/budgeted.py): each takes a real slot of the server's
 sandbox budget from INIT to the end of RUN (and a fresh one in a swe EVAL) without
-starting a process, so seven configurations fit in a few minutes on two shared cores.
+starting a process, so eight servers per workload fit in a few minutes on two shared cores.
 Static configurations run as the server did before just-in-time INIT (``jit_init`` off);
 ``--autoscale`` starts from the defaults with it on.
 
@@ -24,7 +24,7 @@ idle sandbox-seconds (alive, waiting in a queue), and the ratios the issue targe
 A second part starts real bwrap sandboxes for math jobs (scripted LLM test double) and
 prints INIT p50 with and without warm sandboxes.
 
-    python bench/capacity.py [--jobs 160] [--workload mixed|shift|both] [--skip-warm]
+    python bench/capacity.py [--jobs 128] [--workload mixed|shift|both] [--skip-warm]
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ SWE = {"init_s": 0.3, "run_s": 1.5, "eval_s": 3.0, "eval_sandbox": True}
 STATIC = [
     (8, 64, 16),  # the defaults
     (4, 16, 4),  # tuned for math-like jobs alone
-    (4, 16, 8),
     (8, 16, 16),
     (4, 64, 32),  # tuned for swe-like jobs alone
     (16, 64, 32),
@@ -210,7 +209,7 @@ async def _math_inits(llm_cls: Any, jobs: int, warm: int) -> list[float]:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=160)
+    parser.add_argument("--jobs", type=int, default=128)
     parser.add_argument("--workload", choices=["mixed", "shift", "both"], default="both")
     parser.add_argument("--warm-jobs", type=int, default=20)
     parser.add_argument("--skip-warm", action="store_true")
