@@ -1,15 +1,21 @@
-"""Stage capacity: static pool configurations against ``--autoscale`` on a mixed workload.
+"""Stage capacity: static pool configurations against ``--autoscale`` on two workloads.
 
 One run, side by side, on in-process servers with a memory-derived sandbox budget
-(physical memory / 1 GiB per sandbox):
+(physical memory / 1 GiB per sandbox), with two kinds of job:
 
 - math-like jobs: INIT 0.1 s, RUN 1.0 s LLM-bound, EVAL 0.02 s;
 - swe-like jobs: INIT 0.3 s, RUN 1.5 s LLM-bound, EVAL 3.0 s in a fresh sandbox.
 
+Workloads (all jobs submitted at once, in order):
+
+- ``mixed``: half math-like, half swe-like, shuffled;
+- ``shift``: the mix changes partway through, as when a curriculum or a dataset mix
+  changes: a first half 90% math-like, then a second half 90% swe-like.
+
 The LLM backends decode at most 16 requests at once. Sandboxes are the ``budgeted``
 TEST DOUBLE (tests/capacity/budgeted.py): each takes a real slot of the server's
 sandbox budget from INIT to the end of RUN (and a fresh one in a swe EVAL) without
-starting a process, so seven configurations fit in a few minutes on two shared cores.
+starting a process, so eight servers per workload fit in a few minutes on two shared cores.
 Static configurations run as the server did before just-in-time INIT (``jit_init`` off);
 ``--autoscale`` starts from the defaults with it on.
 
@@ -18,7 +24,7 @@ idle sandbox-seconds (alive, waiting in a queue), and the ratios the issue targe
 A second part starts real bwrap sandboxes for math jobs (scripted LLM test double) and
 prints INIT p50 with and without warm sandboxes.
 
-    python bench/capacity.py [--jobs 160] [--skip-warm]
+    python bench/capacity.py [--jobs 128] [--workload mixed|shift|both] [--skip-warm]
 """
 
 from __future__ import annotations
@@ -49,14 +55,16 @@ GiB = 1 << 30
 LLM_SLOTS = 16
 MATH = {"init_s": 0.1, "run_s": 1.0, "eval_s": 0.02}
 SWE = {"init_s": 0.3, "run_s": 1.5, "eval_s": 3.0, "eval_sandbox": True}
+# What an operator would pick: the defaults, pools tuned for one job type alone (math:
+# RUN at the backends' 16 decoding slots, a small EVAL; swe: EVAL sized for 3-s suites),
+# and generous / INIT-heavy variants. RUN below the backends' slots is not in the grid.
 STATIC = [
     (8, 64, 16),  # the defaults
-    (4, 16, 8),
+    (4, 16, 4),  # tuned for math-like jobs alone
     (8, 16, 16),
-    (2, 8, 4),
+    (4, 64, 32),  # tuned for swe-like jobs alone
     (16, 64, 32),
     (32, 32, 8),
-    (4, 64, 32),
 ]
 
 
@@ -65,11 +73,24 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def workload(n: int) -> list[dict[str, Any]]:
-    rng = random.Random(12)
-    jobs = [{"task": "budgeted", "instance": MATH if i % 2 else SWE} for i in range(n)]
+def mixed(n: int, rng: random.Random, math_share: float = 0.5) -> list[dict[str, Any]]:
+    n_math = round(n * math_share)
+    jobs = [{"task": "budgeted", "instance": MATH if i < n_math else SWE} for i in range(n)]
     rng.shuffle(jobs)
     return jobs
+
+
+def workload(kind: str, n: int) -> list[dict[str, Any]]:
+    rng = random.Random(12)
+    if kind == "mixed":
+        return mixed(n, rng)
+    return mixed(n // 2, rng, 0.9) + mixed(n - n // 2, rng, 0.1)
+
+
+DESCRIBE = {
+    "mixed": "half math-like, half swe-like, shuffled",
+    "shift": "first half 90% math-like, then second half 90% swe-like",
+}
 
 
 async def run_config(
@@ -116,10 +137,10 @@ async def drain(client: RolloutClient, ids: list[str]) -> list[dict[str, Any]]:
     return done
 
 
-async def grid(n: int, auto_only: bool = False) -> list[dict[str, Any]]:
+async def grid(kind: str, n: int, auto_only: bool = False) -> list[dict[str, Any]]:
     budget = default_max_sandboxes(SandboxLimits(memory_bytes=GiB))
-    print(f"sandbox budget {budget} (memory / 1 GiB); {n} jobs, half math-like, half swe-like")
-    jobs = workload(n)
+    print(f"workload {kind}: {n} jobs, {DESCRIBE[kind]}; sandbox budget {budget} (memory / 1 GiB)")
+    jobs = workload(kind, n)
     rows = []
     for init, run, ev in [] if auto_only else STATIC:
         name = f"static {init}/{run}/{ev}"
@@ -188,7 +209,8 @@ async def _math_inits(llm_cls: Any, jobs: int, warm: int) -> list[float]:
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--jobs", type=int, default=160)
+    parser.add_argument("--jobs", type=int, default=128)
+    parser.add_argument("--workload", choices=["mixed", "shift", "both"], default="both")
     parser.add_argument("--warm-jobs", type=int, default=20)
     parser.add_argument("--skip-warm", action="store_true")
     parser.add_argument("--auto-only", action="store_true", help="only the autoscale run")
@@ -198,9 +220,10 @@ async def main() -> None:
         logging.basicConfig(format="%(relativeCreated)8.0f ms %(message)s")
         logging.getLogger("prorl_async.capacity.autoscale").setLevel(logging.DEBUG)
     t0 = time.perf_counter()
-    rows = await grid(args.jobs, args.auto_only)
-    if not args.auto_only:
-        verdict(rows)
+    for kind in ["mixed", "shift"] if args.workload == "both" else [args.workload]:
+        rows = await grid(kind, args.jobs, args.auto_only)
+        if not args.auto_only:
+            verdict(rows)
     if not args.skip_warm:
         await warm_init(args.warm_jobs)
     print(f"bench wall time {time.perf_counter() - t0:.0f} s")

@@ -17,7 +17,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from prorl_async.capacity.jit import JitGate
-from prorl_async.capacity.stats import CURRENT_STAGE, Pulse, StageStats
+from prorl_async.capacity.stats import CURRENT_STAGE, STAGE_SLOTS, Pulse, StageStats
 from prorl_async.capacity.workers import WorkerPool
 from prorl_async.job import Job, Stage
 from prorl_async.result import encode_result
@@ -246,7 +246,10 @@ class Pipeline:
     async def _execute(self, job: Job, stage: Stage) -> tuple[Outcome, BaseException | None]:
         keep = False
         CURRENT_STAGE.set(stage.value)  # this task's own context: no reset needed
+        slots = [0]  # budget slots this job takes in this stage
+        STAGE_SLOTS.set(slots)
         before, t0 = job.timer.elapsed(), time.monotonic()
+        self.stats[stage.value].started(job, lambda: job.timer.elapsed() - before)
         timeout: asyncio.Timeout | None = None
         try:
             async with job.timer.deadline() as timeout:
@@ -265,7 +268,8 @@ class Pipeline:
             job.stage_active[stage] = job.stage_active.get(stage, 0.0) + active
             wall = time.monotonic() - t0
             job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + wall
-            self.stats[stage.value].finished(wall, active)
+            self.stats[stage.value].ended(job)
+            self.stats[stage.value].finished(wall, active, slots[0])
             if stage is not Stage.INIT and job.holds_resources:
                 # Waiting (timer paused, e.g. for a backend) while holding a sandbox: idle too.
                 self.stats[stage.value].idle_sandbox_seconds += max(wall - active, 0.0)

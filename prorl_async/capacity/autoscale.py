@@ -5,11 +5,15 @@ Little's law, applied twice (no tuning constants beyond the hysteresis):
 1. The sandbox budget bounds throughput: a job holds sandboxes for ``S`` sandbox-seconds
    on average, so at most ``X_max = B / S`` jobs per second fit in a budget of ``B``.
    ``S`` is measured per stage: INIT's active time (its sandbox is held, the slot wait
-   is not), RUN's wall time and its queue's idle sandbox-seconds per job, and EVAL's
-   active time times the fraction of EVALs that take a sandbox. The target
+   is not), RUN's wall time and its queue's idle sandbox-seconds per job, and the
+   recent share of EVALs that take a fresh sandbox times *those* EVALs' active time
+   (in a math/swe mix, the mean over all EVALs would count the sandbox-free ones too).
 2. A stage whose jobs take ``W_s`` active seconds (measured; waits for a sandbox slot
    or a backend excluded: more workers do not shorten those) needs ``X_s * W_s``
-   workers to carry ``X_s`` jobs per second; one worker is added for variance. ``X_s``
+   workers to carry ``X_s`` jobs per second; one worker is added for variance. When
+   the jobs in the stage have already run longer (median) than ``W_s``, that is used:
+   finished jobs alone lag after a shift to longer jobs (e.g. swe after math EVALs),
+   the more so the fewer workers the stage has. ``X_s``
    is ``X_max`` while the stage's own queue is not empty, else
    ``min(X_max, 1.2 * the stage's arrival rate)``: jobs already inside the pipeline keep
    the later stages provisioned after intake stops.
@@ -128,11 +132,13 @@ class Autoscaler:
             return None
         budget = self._budget()
         taken = {} if budget is None else budget.taken_by
-        init_n, run_n, eval_n = (max(st[s].service.count, 1) for s in STAGES)
+        init_n, run_n = (max(st[s].service.count, 1) for s in ("init", "run"))
         holds_init = min(taken.get("init", 0) / init_n, 1.0)
-        holds_eval = min(taken.get("eval", 0) / eval_n, 1.0)
         queue_idle = st["run"].idle_sandbox_seconds / run_n
-        return holds_init * (a_init + w_run + queue_idle) + holds_eval * a_eval
+        # EVAL: the recent share of EVALs that took a sandbox times *their* active time.
+        holds_eval = st["eval"].sandboxed.value or 0.0
+        a_eval_sandboxed = st["eval"].sandboxed_active.value or 0.0
+        return holds_init * (a_init + w_run + queue_idle) + holds_eval * a_eval_sandboxed
 
     def max_throughput(self) -> float | None:
         """``X_max`` in jobs/s: ``None`` until every stage was measured, ``inf`` when the
@@ -153,7 +159,7 @@ class Autoscaler:
 
     def desired(self, stage: str, x: float) -> int:
         st = self.pipeline.stats[stage]
-        w = st.active.value
+        w = self.service_time(stage)
         if w is None:
             return self.pipeline.pools[Stage(stage)].size
         lo, hi = self.config.bounds(stage)
@@ -161,6 +167,14 @@ class Autoscaler:
         if stage == "run" and st.service.value is not None:
             want = min(want, self._backend_cap(st.service.value, hi))
         return min(max(want, lo), hi)
+
+    def service_time(self, stage: str) -> float | None:
+        """``W_s``: the recent mean active time of finished jobs, or the median time the
+        jobs in the stage have already run if that is longer (jobs got longer)."""
+        st = self.pipeline.stats[stage]
+        if st.active.value is None:
+            return None
+        return max(st.active.value, st.running_age() or 0.0)
 
     def _backend_cap(self, wall: float, hi: int) -> int:
         active = self.pipeline.stats["run"].active.value
@@ -200,7 +214,7 @@ class Autoscaler:
     def _record(self, stage: str, old: int, new: int, x: float, direction: str) -> Decision:
         key = (stage, direction)
         self.decisions[key] = self.decisions.get(key, 0) + 1
-        w = self.pipeline.stats[stage].active.value or 0.0
+        w = self.service_time(stage) or 0.0
         reason = f"X={x:.2f} jobs/s * W={w:.3f}s"
         log.debug("autoscale %s: %d -> %d workers (%s)", stage, old, new, reason)
         return Decision(stage, old, new, reason)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from prorl_async.capacity.stats import CURRENT_STAGE
+from prorl_async.capacity.stats import CURRENT_STAGE, STAGE_SLOTS
 from prorl_async.timer import current_timer
 
 if TYPE_CHECKING:
@@ -123,6 +123,9 @@ class SandboxBudget:
     def _count(self) -> None:
         stage = CURRENT_STAGE.get()  # the taker's own context
         self.taken_by[stage] = self.taken_by.get(stage, 0) + 1
+        slots = STAGE_SLOTS.get()
+        if slots is not None:
+            slots[0] += 1
 
     def _take(self) -> None:
         self.live += 1

@@ -5,14 +5,21 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import statistics
 import time
+from collections.abc import Callable
 
-__all__ = ["CURRENT_STAGE", "Ewma", "Pulse", "RateMeter", "StageStats"]
+__all__ = ["CURRENT_STAGE", "STAGE_SLOTS", "Ewma", "Pulse", "RateMeter", "StageStats"]
 
 # The stage whose task is running (set by the pipeline in each stage task's own context),
 # so the sandbox budget can tell which stage took a slot.
 CURRENT_STAGE: contextvars.ContextVar[str | None] = contextvars.ContextVar(
     "prorl_current_stage", default=None
+)
+# Sandbox-budget slots taken by the job whose stage is running, counted by the budget
+# into a fresh one-item list the pipeline sets for each stage of each job.
+STAGE_SLOTS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "prorl_stage_slots", default=None
 )
 
 
@@ -66,18 +73,46 @@ class RateMeter:
 
 class StageStats:
     """Service time (wall seconds in the stage; ``active``: timer-running seconds, i.e.
-    without waits for a backend or a sandbox slot) and completions of one stage."""
+    without waits for a backend or a sandbox slot) and completions of one stage.
+
+    ``sandboxed`` is the recent share of the stage's jobs that took a sandbox-budget slot
+    in the stage and ``sandboxed_active`` those jobs' own active time: in a mix of jobs
+    with and without a sandbox, the sandbox-seconds per job are their product (the mean
+    active time of all jobs would count the sandbox-free ones' short times too)."""
 
     def __init__(self) -> None:
         self.service = Ewma()
         self.active = Ewma()
+        self.sandboxed = Ewma()
+        self.sandboxed_active = Ewma()
         self.completions = RateMeter()
         self.arrivals = RateMeter()
         self.idle_sandbox_seconds = 0.0
+        # Jobs in the stage now: their active seconds so far, by a key of the caller's.
+        self._running: dict[object, Callable[[], float]] = {}
 
-    def finished(self, wall_s: float, active_s: float) -> None:
+    def started(self, key: object, active_so_far: Callable[[], float]) -> None:
+        self._running[key] = active_so_far
+
+    def ended(self, key: object) -> None:
+        self._running.pop(key, None)
+
+    def running_age(self) -> float | None:
+        """Median active seconds so far of the jobs in the stage (``None``: none).
+
+        Completed jobs alone lag when the jobs get longer: few of the long ones finish,
+        and the fewer workers, the fewer. The median (not the mean) ignores a straggler.
+        """
+        if not self._running:
+            return None
+        return statistics.median(age() for age in self._running.values())
+
+    def finished(self, wall_s: float, active_s: float, slots: int = 0) -> None:
         self.service.add(wall_s)
         self.active.add(active_s)
+        self.sandboxed.add(1.0 if slots else 0.0)
+        if slots:
+            self.sandboxed_active.add(active_s)
         self.completions.add()
 
 

@@ -121,3 +121,71 @@ async def test_cli_max_sandboxes_0_exits_2_naming_it() -> None:
     )  # fmt: skip
     _, err = await proc.communicate()
     assert proc.returncode == 2 and b"max_sandboxes must be >= 1" in err
+
+
+async def test_sandbox_seconds_count_only_the_evals_that_take_a_sandbox(
+    make_server: ServerFactory,
+) -> None:
+    # Half the EVALs hold a fresh sandbox for 0.2 s, half take none and last no time:
+    # EVAL adds ~0.5 * 0.2 = 0.1 sandbox-seconds per job. Scaling the mean EVAL time of
+    # all jobs (~0.1 s) by the sandboxed share (~0.5) would count ~0.05, and so overrate
+    # what the budget carries.
+    swe = {"eval_s": 0.2, "eval_sandbox": True}
+    async with make_server(
+        handlers=(BudgetedHandler(),), runtime="local", max_sandboxes=64, eval_workers=8
+    ) as srv:
+        ids = await srv.client.submit_batch(
+            [{"task": "budgeted", "instance": swe if i % 2 else {}} for i in range(40)]
+        )
+        docs = [await srv.client.result(i, wait=30) for i in ids]
+        assert all(d is not None and d["status"] == "done" for d in docs)
+        budget = srv.service.services.runtime.budget
+        scaler = Autoscaler(srv.service.pipeline, lambda: budget, AutoscaleConfig())
+        per_job = scaler.sandbox_seconds_per_job()
+        st = srv.service.pipeline.stats
+        assert per_job is not None and st["init"].active.value is not None
+        held_to_run = st["init"].active.value + st["run"].service.value
+        held_to_run += st["run"].idle_sandbox_seconds / st["run"].service.count
+        eval_part = per_job - held_to_run
+        assert 0.08 <= eval_part <= 0.2, (eval_part, per_job)
+
+
+def test_a_shift_to_sandboxed_evals_shows_within_tens_of_jobs() -> None:
+    # 100 math-like EVALs without a sandbox, then 40 swe-like ones holding one for 3 s:
+    # the sandboxed share is a recent average (EWMA), not a since-start count (40/140).
+    pipe = _pipeline()
+    budget = SandboxBudget(20)
+    scaler = Autoscaler(pipe, lambda: budget, AutoscaleConfig())
+    pipe.stats["init"].finished(0.1, 0.1, 1)
+    pipe.stats["run"].finished(1.0, 1.0)
+    budget.taken_by["init"] = 1
+    for _ in range(100):
+        pipe.stats["eval"].finished(0.02, 0.02)
+    before = scaler.sandbox_seconds_per_job()
+    for _ in range(40):
+        pipe.stats["eval"].finished(3.0, 3.0, 1)
+    budget.taken_by["eval"] = 40
+    after = scaler.sandbox_seconds_per_job()
+    assert before is not None and math.isclose(before, 1.1)
+    assert after is not None and after - 1.1 >= 0.8 * 3.0, after
+
+
+def test_jobs_getting_longer_show_before_they_finish() -> None:
+    # 100 EVALs of 0.02 s finished; now 4 EVALs (swe-like) have run 2 s and go on. Sized
+    # from finished jobs only, EVAL would get ceil(10 * 0.02) + 1 = 2 workers, and the
+    # longer EVALs would show only as the few it runs finish.
+    pipe = _pipeline()
+    scaler = Autoscaler(pipe, lambda: SandboxBudget(20), AutoscaleConfig())
+    st = pipe.stats["eval"]
+    for _ in range(100):
+        st.finished(0.02, 0.02)
+    assert scaler.desired("eval", 10.0) == 2
+    for key in range(4):
+        st.started(key, lambda: 2.0)
+    assert scaler.service_time("eval") == 2.0
+    assert scaler.desired("eval", 10.0) == math.ceil(10 * 2.0) + 1
+    st.started("straggler", lambda: 500.0)  # the median ignores one straggler
+    assert scaler.service_time("eval") == 2.0
+    for key in [*range(4), "straggler"]:
+        st.ended(key)
+    assert scaler.service_time("eval") == st.active.value
