@@ -249,7 +249,9 @@ class Pipeline:
         slots = [0]  # budget slots this job takes in this stage
         STAGE_SLOTS.set(slots)
         before, t0 = job.timer.elapsed(), time.monotonic()
-        self.stats[stage.value].started(job, lambda: job.timer.elapsed() - before)
+        self.stats[stage.value].started(
+            job, lambda: job.timer.elapsed() - before, lambda: not job.timer.running
+        )
         timeout: asyncio.Timeout | None = None
         try:
             async with job.timer.deadline() as timeout:

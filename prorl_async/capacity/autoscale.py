@@ -14,12 +14,13 @@ Little's law, applied twice (no tuning constants beyond the hysteresis):
    the jobs in the stage have already run longer (median) than ``W_s``, that is used:
    finished jobs alone lag after a shift to longer jobs (e.g. swe after math EVALs),
    the more so the fewer workers the stage has. ``X_s``
-   is ``X_max`` while the stage's own queue is not empty, else
+   is ``X_max`` while jobs wait in the stage's queue or any queue before it, else
    ``min(X_max, 1.2 * the stage's arrival rate)``: jobs already inside the pipeline keep
-   the later stages provisioned after intake stops.
-3. RUN is also capped by what the LLM backends serve: when RUN's wall time exceeds its
-   active time (the timer pauses while a job waits for a backend), only
-   ``busy_run * active / wall`` RUN jobs are really decoding; more workers would only
+   the later stages provisioned after intake stops. A stage whose workers are all busy
+   while jobs wait in its queue and budget slots are free gets at least one more worker
+   per such job (the pool, not the budget, holds them back then).
+3. RUN is also capped by what the LLM backends serve: while some RUN jobs wait for a
+   backend now (timer paused), only the others are decoding; more workers would only
    hold sandboxes waiting (and, with just-in-time INIT, the RUN size bounds INIT too).
 
 Hysteresis: a stage grows as soon as the target is above its size, and shrinks only
@@ -152,8 +153,12 @@ class Autoscaler:
         return budget.capacity / per_job
 
     def stage_throughput(self, stage: str, x_max: float) -> float:
-        """``X_s``: what the stage must carry (all it can while its queue is not empty)."""
-        if self.pipeline.queued[Stage(stage)] > 0:
+        """``X_s``: what the stage must carry: all it can while jobs wait in its queue or
+        any queue before it. Its own arrival rate would not do then: with just-in-time
+        INIT, RUN's queue stays empty and RUN's arrivals follow RUN's own size, so sizing
+        RUN from them only follows its own size down."""
+        upstream = STAGES[: STAGES.index(stage) + 1]
+        if any(self.pipeline.queued[Stage(s)] > 0 for s in upstream):
             return x_max
         return min(x_max, self.pipeline.stats[stage].arrivals.rate() * 1.2)
 
@@ -164,9 +169,27 @@ class Autoscaler:
             return self.pipeline.pools[Stage(stage)].size
         lo, hi = self.config.bounds(stage)
         want = hi if math.isinf(x) else math.ceil(x * w) + 1
+        want = max(want, self.backlog_floor(stage))
         if stage == "run" and st.service.value is not None:
             want = min(want, self._backend_cap(st.service.value, hi))
         return min(max(want, lo), hi)
+
+    def backlog_floor(self, stage: str) -> int:
+        """Workers the stage needs at least now: while jobs wait in its queue behind a
+        pool whose workers are all busy and sandbox-budget slots are free, the pool
+        alone holds them back, so it gets one more worker per waiting job the free
+        slots could serve (0: the pool is not what holds jobs back).
+
+        Little's law sizes for the mean; this keeps the budget working through what
+        the mean misses, e.g. a run of long EVALs at the end of a mix, or RUN full
+        while just-in-time INIT waits for it with slots free."""
+        size, queued = self.pipeline.pools[Stage(stage)].size, self.pipeline.queued[Stage(stage)]
+        if queued == 0 or self.pipeline.active[Stage(stage)] < size:
+            return 0
+        budget = self._budget()
+        free = None if budget is None else budget.free
+        more = queued if free is None else min(queued, free)
+        return size + more if more else 0
 
     def service_time(self, stage: str) -> float | None:
         """``W_s``: the recent mean active time of finished jobs, or the median time the
@@ -177,11 +200,17 @@ class Autoscaler:
         return max(st.active.value, st.running_age() or 0.0)
 
     def _backend_cap(self, wall: float, hi: int) -> int:
-        active = self.pipeline.stats["run"].active.value
-        busy = self.pipeline.active[Stage.RUN]
-        if not active or wall <= active * _BACKEND_BOUND or busy == 0:
+        """RUN jobs decoding now, plus one, while some RUN job waits for a backend now.
+
+        Counted now, not from the recent wall/active ratio times RUN's busy workers: that
+        ratio remembers a saturation past (e.g. the start, when more jobs than decoding
+        slots entered RUN), so it scaled a RUN pool the budget held small down further.
+        """
+        run = self.pipeline.stats["run"]
+        active, busy, waiting = run.active.value, self.pipeline.active[Stage.RUN], run.paused()
+        if not active or wall <= active * _BACKEND_BOUND or busy == 0 or waiting == 0:
             return hi
-        return math.ceil(busy * active / wall) + 1
+        return busy - waiting + 1
 
     def tick(self) -> list[Decision]:
         """One control step: measure, decide, resize. Returns what changed."""

@@ -88,14 +88,27 @@ class StageStats:
         self.completions = RateMeter()
         self.arrivals = RateMeter()
         self.idle_sandbox_seconds = 0.0
-        # Jobs in the stage now: their active seconds so far, by a key of the caller's.
+        # Jobs in the stage now: their active seconds so far, by a key of the caller's,
+        # and whether each is paused now (its timer stopped: waiting for a backend).
         self._running: dict[object, Callable[[], float]] = {}
+        self._paused: dict[object, Callable[[], bool]] = {}
 
-    def started(self, key: object, active_so_far: Callable[[], float]) -> None:
+    def started(
+        self,
+        key: object,
+        active_so_far: Callable[[], float],
+        paused: Callable[[], bool] = lambda: False,
+    ) -> None:
         self._running[key] = active_so_far
+        self._paused[key] = paused
 
     def ended(self, key: object) -> None:
         self._running.pop(key, None)
+        self._paused.pop(key, None)
+
+    def paused(self) -> int:
+        """How many jobs in the stage are paused now (e.g. waiting for an LLM backend)."""
+        return sum(1 for is_paused in self._paused.values() if is_paused())
 
     def running_age(self) -> float | None:
         """Median active seconds so far of the jobs in the stage (``None``: none).

@@ -62,8 +62,16 @@ def test_run_is_capped_at_what_the_backends_serve() -> None:
     pipe = _pipeline()
     scaler = Autoscaler(pipe, lambda: SandboxBudget(100), AutoscaleConfig())
     pipe.stats["run"].finished(4.0, 1.0)  # 3 of every 4 seconds waiting for a backend
-    pipe.active[Stage.RUN] = 8  # so only about 2 of the 8 are decoding
-    assert scaler.desired("run", 50.0) == math.ceil(8 * 1.0 / 4.0) + 1
+    pipe.active[Stage.RUN] = 8
+    waiting = {key: True for key in range(6)}  # 6 of the 8 wait for a backend now
+    for key in range(8):
+        pipe.stats["run"].started(key, lambda: 0.5, lambda key=key: waiting.get(key, False))
+    assert pipe.stats["run"].paused() == 6
+    assert scaler.desired("run", 50.0) == 8 - 6 + 1  # the 2 decoding, plus one
+    # The ratio above is history (e.g. the start, more jobs than decoding slots): with
+    # no RUN job waiting for a backend now, the backends are not what bounds RUN.
+    waiting.clear()
+    assert scaler.desired("run", 50.0) == 51
     pipe.stats["run"] = type(pipe.stats["run"])()
     pipe.stats["run"].finished(1.0, 1.0)  # no backend wait: Little's law alone
     assert scaler.desired("run", 50.0) == 51
@@ -189,3 +197,41 @@ def test_jobs_getting_longer_show_before_they_finish() -> None:
     for key in [*range(4), "straggler"]:
         st.ended(key)
     assert scaler.service_time("eval") == st.active.value
+
+
+def test_run_is_sized_for_all_the_budget_carries_while_jobs_wait_upstream() -> None:
+    # Just-in-time INIT keeps RUN's queue empty and RUN's arrivals follow RUN's own
+    # size: sizing RUN from 1.2x its arrivals while 30 jobs wait in INIT's queue shrank
+    # it step by step (a slow spiral). Jobs waiting upstream are RUN's demand too.
+    pipe = _pipeline()
+    scaler = Autoscaler(pipe, lambda: SandboxBudget(20), AutoscaleConfig())
+    pipe.stats["run"].arrivals.add()  # one arrival in the window: rate ~ 1 job/s at most
+    assert scaler.stage_throughput("run", 9.0) <= 1.2
+    pipe.queued[Stage.INIT] = 30
+    assert scaler.stage_throughput("run", 9.0) == 9.0
+    assert scaler.stage_throughput("eval", 9.0) == 9.0
+    pipe.queued[Stage.INIT] = 0
+    pipe.queued[Stage.EVAL] = 5  # a queue after RUN is not RUN's demand
+    assert scaler.stage_throughput("run", 9.0) <= 1.2
+
+
+def test_a_full_pool_with_a_queue_grows_into_free_budget_slots() -> None:
+    # 100 short EVALs measured: Little's law wants 2 workers. Now 4 long EVALs fill the
+    # pool of 4, 6 more wait, and 3 budget slots are free: the pool alone holds them back.
+    pipe = _pipeline()
+    budget = SandboxBudget(20)
+    scaler = Autoscaler(pipe, lambda: budget, AutoscaleConfig())
+    for _ in range(100):
+        pipe.stats["eval"].finished(0.02, 0.02)
+    assert scaler.desired("eval", 1.0) == 2
+    pipe.queued[Stage.EVAL], pipe.active[Stage.EVAL] = 6, 4
+    budget.live = 17
+    assert scaler.backlog_floor("eval") == 4 + 3
+    assert scaler.desired("eval", 1.0) == 7
+    budget.live = 20  # no free slot: more workers would only wait for one
+    assert scaler.desired("eval", 1.0) == 2
+    budget.live, pipe.active[Stage.EVAL] = 17, 3  # an idle worker: the pool is not the bound
+    assert scaler.desired("eval", 1.0) == 2
+    unbounded = Autoscaler(pipe, lambda: None, AutoscaleConfig())
+    pipe.active[Stage.EVAL] = 4
+    assert unbounded.backlog_floor("eval") == 4 + 6
