@@ -9,6 +9,7 @@ import time
 from collections import Counter, deque
 
 from prorl_async.job import Job
+from prorl_async.store._tombstones import Tombstones
 from prorl_async.store.base import StoreStats, UnfinishedRecord
 
 __all__ = ["MemoryJobStore"]
@@ -26,8 +27,7 @@ class MemoryJobStore:
         self._live: dict[str, Job] = {}
         # Retention is one constant, so expiry order is finish order: a deque suffices.
         self._expiry: deque[tuple[float, str]] = deque()
-        self._tombstones: dict[str, float] = {}
-        self._tomb_expiry: deque[tuple[float, str]] = deque()
+        self._tombstones = Tombstones()
         self._counts: Counter[str] = Counter()
         self._held = 0  # bytes of result documents kept
 
@@ -65,9 +65,7 @@ class MemoryJobStore:
         return job is not None
 
     def tombstone(self, job_id: str) -> None:
-        deadline = time.monotonic() + self.tombstone_s
-        self._tombstones[job_id] = deadline
-        self._tomb_expiry.append((deadline, job_id))
+        self._tombstones.add(job_id, time.monotonic() + self.tombstone_s)
 
     def is_tombstoned(self, job_id: str) -> bool:
         return job_id in self._tombstones
@@ -93,10 +91,7 @@ class MemoryJobStore:
                 del self._jobs[job_id]
                 self._held -= len(job.result or b"")
                 dropped += 1
-        while self._tomb_expiry and self._tomb_expiry[0][0] <= now:
-            deadline, job_id = self._tomb_expiry.popleft()
-            if self._tombstones.get(job_id) == deadline:
-                del self._tombstones[job_id]
+        self._tombstones.expire(now)
         return dropped
 
     def counts(self) -> dict[str, int]:

@@ -19,6 +19,7 @@ from pathlib import Path
 import msgspec
 
 from prorl_async.job import Job
+from prorl_async.store._tombstones import Tombstones
 from prorl_async.store._writer import Writer
 from prorl_async.store.base import StoreStats, UnfinishedRecord
 
@@ -79,8 +80,7 @@ class SqliteJobStore:
         # Terminal ids: status and expiry deadline (monotonic). Results live in the file.
         self._done: dict[str, tuple[str, float]] = {}
         self._expiry: deque[tuple[float, str]] = deque()
-        self._tombstones: dict[str, float] = {}
-        self._tomb_expiry: deque[tuple[float, str]] = deque()
+        self._tombstones = Tombstones()
         self._counts: Counter[str] = Counter()
         self._cache: OrderedDict[str, bytes] = OrderedDict()
         self._cache_bytes = 0
@@ -130,8 +130,7 @@ class SqliteJobStore:
         for job_id, expires_at in conn.execute(
             "SELECT id, expires_at FROM tombstones ORDER BY expires_at"
         ):
-            self._tombstones[job_id] = _wall_to_mono(expires_at)
-            self._tomb_expiry.append((self._tombstones[job_id], job_id))
+            self._tombstones.add(job_id, _wall_to_mono(expires_at))
         rows = conn.execute(
             "SELECT id, request, restarts FROM jobs WHERE status = 'accepted' ORDER BY rowid"
         )
@@ -219,8 +218,7 @@ class SqliteJobStore:
 
     def tombstone(self, job_id: str) -> None:
         deadline = time.monotonic() + self.tombstone_s
-        self._tombstones[job_id] = deadline
-        self._tomb_expiry.append((deadline, job_id))
+        self._tombstones.add(job_id, deadline)
         self._write(_TOMBSTONE, (job_id, _mono_to_wall(deadline)))
 
     def expire(self, now: float | None = None) -> int:
@@ -235,11 +233,8 @@ class SqliteJobStore:
                 self._drop_done(job_id)
                 self._write(_EXPIRE, (job_id,))
                 dropped += 1
-        while self._tomb_expiry and self._tomb_expiry[0][0] <= now:
-            deadline, job_id = self._tomb_expiry.popleft()
-            if self._tombstones.get(job_id) == deadline:
-                del self._tombstones[job_id]
-                self._write(_UNTOMB, (job_id,))
+        for job_id in self._tombstones.expire(now):
+            self._write(_UNTOMB, (job_id,))
         return dropped
 
     def freeze(self) -> None:
