@@ -16,6 +16,7 @@ from prorl_async.tokenizer import (
     TokenizerError,
     load_tokenizer,
 )
+from tests.qwen import CHAT_TEMPLATE
 
 TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
 PROMPT = [
@@ -24,43 +25,10 @@ PROMPT = [
 ]
 OBS = [{"role": "tool", "content": "a.txt\nb.txt"}, {"role": "tool", "content": '{"n": 2}'}]
 
-# Qwen3-like: reasoning (<think>) of assistant turns before the last real user query is dropped
-# from history, and the *last* assistant turn gets an (empty) think block added.
-QWEN3_LIKE = """\
-{%- set ns = namespace(last_query=messages|length - 1) %}
-{%- for m in messages[::-1] %}
-  {%- set i = messages|length - 1 - loop.index0 %}
-  {%- if m.role == 'user' and not m.content.startswith('<tool_response>') %}
-    {%- set ns.last_query = i %}{% break %}
-  {%- endif %}
-{%- endfor %}
-{%- for m in messages %}
-  {%- if m.role in ['system', 'user'] %}
-    {{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}
-  {%- elif m.role == 'assistant' %}
-    {%- set content = m.content %}{% set reasoning = '' %}
-    {%- if '</think>' in content %}
-      {%- set reasoning = content.split('</think>')[0].split('<think>')[-1].strip('\\n') %}
-      {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
-    {%- endif %}
-    {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
-      {{- '<|im_start|>assistant\\n<think>\\n' + reasoning + '\\n</think>\\n\\n' + content }}
-    {%- else %}
-      {{- '<|im_start|>assistant\\n' + content }}
-    {%- endif %}
-    {{- '<|im_end|>\\n' }}
-  {%- elif m.role == 'tool' %}
-    {%- if loop.first or messages[loop.index0 - 1].role != 'tool' %}
-      {{- '<|im_start|>user' }}
-    {%- endif %}
-    {{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}
-    {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}
-      {{- '<|im_end|>\\n' }}
-    {%- endif %}
-  {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
-"""
+# Qwen3-like (tests/qwen.py's template): reasoning (<think>) of assistant turns before the
+# last real user query is dropped from history, and the *last* assistant turn gets an (empty)
+# think block added.
+QWEN3_LIKE = CHAT_TEMPLATE
 
 
 def with_template(tmp_path: Path, template: str) -> ChatTokenizer:
