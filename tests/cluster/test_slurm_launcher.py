@@ -200,6 +200,17 @@ def _stamp(log: Path, text: str) -> str:
     raise AssertionError(f"{text!r} not in {log}: {log.read_text()}")
 
 
+def _minutes_run(slurm: PrivateSlurm, job: str) -> int:
+    """Whole minutes the job has run, rounded up."""
+    out = slurm.run("squeue", "-h", "-j", job, "-o", "%M").stdout.strip()  # [[D-]H:]MM:SS
+    days, _, clock = out.rpartition("-")
+    parts = [int(x) for x in clock.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    seconds = (int(days or 0) * 24 + parts[0]) * 3600 + parts[1] * 60 + parts[2]
+    return -(-seconds // 60)
+
+
 def test_time_limit_stops_servers_gracefully_then_llms(slurm: PrivateSlurm, tmp_path: Path) -> None:
     env = {
         **_llm_env(),
@@ -210,8 +221,9 @@ def test_time_limit_stops_servers_gracefully_then_llms(slurm: PrivateSlurm, tmp_
     job = submit(slurm, tmp_path, env, "-N", "3", "--time=10")
     run = tmp_path / f"prorl-{job}"
     wait_for((run / "cluster.json").exists, 90, lambda: (tmp_path / "job.out").read_text())
-    # less time left than the --signal=B:TERM@120 warning: the batch shell is warned
-    slurm.run("scontrol", "update", f"JobId={job}", "TimeLimit=1")
+    # Less time left than the --signal=B:TERM@120 warning, so the batch shell is warned, but
+    # over a minute before the hard limit (at which Slurm signals every step at once).
+    slurm.run("scontrol", "update", f"JobId={job}", f"TimeLimit={_minutes_run(slurm, job) + 2}")
     wait_ended(slurm, job, 100)
     wait_no_processes(job, 30)
     out = (tmp_path / "job.out").read_text()
