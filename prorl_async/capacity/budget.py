@@ -3,8 +3,15 @@
 Every sandbox start takes a slot first (``Runtime.start`` is the one place that does)
 and the slot is given back when the sandbox closes. Waiting for a slot pauses the
 timer of the job whose stage is waiting, like waiting for an LLM backend, so a job
-is never timed out for the server's lack of capacity. Slots are handed out in
-arrival order (no stage can starve another).
+is never timed out for the server's lack of capacity.
+
+A freed slot goes to the waiter of the latest stage first (EVAL, then RUN, then INIT,
+then takers outside a stage such as warm sandboxes), in arrival order within a stage.
+A later stage finishes a job the server has already paid for, and it only has jobs to
+offer that earlier stages started, so it cannot starve them: under a full budget,
+first-come order would instead let INIT keep starting jobs while finished RUNs wait
+for an EVAL sandbox, which lengthens every such job and, at the end of a batch, the
+batch itself.
 """
 
 from __future__ import annotations
@@ -29,6 +36,12 @@ _FALLBACK_PER_SANDBOX = 1 << 30
 # resident (a tool server maps ~0.5 GiB, touches ~60 MiB): below this floor the derived
 # budget would starve the default INIT pool on any machine under 32 GiB.
 MIN_DEFAULT = 8
+# Who gets a freed slot first: a higher rank (a later stage) before a lower one.
+_RANK = {"eval": 3, "run": 2, "init": 1}
+
+
+def _rank(stage: str | None) -> int:
+    return _RANK.get(stage, 0) if stage is not None else 0
 
 
 def total_memory_bytes() -> int:
@@ -47,7 +60,8 @@ def default_max_sandboxes(limits: SandboxLimits, memory: int | None = None) -> i
 
 
 class SandboxBudget:
-    """At most ``capacity`` slots held at once (``None``: unbounded); FIFO waiters."""
+    """At most ``capacity`` slots held at once (``None``: unbounded); waiters served
+    latest stage first, first come first served within a stage."""
 
     def __init__(self, capacity: int | None = None) -> None:
         self.capacity = capacity
@@ -57,12 +71,19 @@ class SandboxBudget:
         self.wait_seconds = 0.0
         # Slots taken per stage (``None``: outside a stage, e.g. warm sandboxes).
         self.taken_by: dict[str | None, int] = {}
-        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+        # One line of waiters per rank (see ``_rank``), highest rank served first.
+        self._waiters: dict[int, collections.deque[asyncio.Future[None]]] = {
+            r: collections.deque() for r in sorted({0, *_RANK.values()}, reverse=True)
+        }
         self._listeners: list[Callable[[], None]] = []
 
     @property
     def waiting(self) -> int:
-        return len(self._waiters)
+        return sum(len(line) for line in self._waiters.values())
+
+    def _ahead(self, rank: int) -> bool:
+        """Whether someone of ``rank`` or higher waits for a slot."""
+        return any(line for r, line in self._waiters.items() if r >= rank)
 
     @property
     def free(self) -> int | None:
@@ -82,8 +103,9 @@ class SandboxBudget:
         self._wake()
 
     def try_acquire(self, *, behind_waiters: bool = True) -> bool:
-        """Take a slot if one is free (and, by default, nobody is queued for one)."""
-        if behind_waiters and self._waiters:
+        """Take a slot if one is free (and, by default, nobody of the caller's stage or a
+        later one is queued for one)."""
+        if behind_waiters and self._ahead(_rank(CURRENT_STAGE.get())):
             return False
         if self.capacity is not None and self.live >= self.capacity:
             return False
@@ -99,7 +121,7 @@ class SandboxBudget:
         t0 = time.monotonic()
         self.waits += 1
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
+        self._waiters[_rank(CURRENT_STAGE.get())].append(fut)
         try:
             if timer is None:
                 await fut
@@ -136,12 +158,14 @@ class SandboxBudget:
             self.release()  # granted just as the waiter went away: hand it on
         else:
             fut.cancel()
-            if fut in self._waiters:
-                self._waiters.remove(fut)
+            for line in self._waiters.values():
+                if fut in line:
+                    line.remove(fut)
 
     def _wake(self) -> None:
-        while self._waiters and (self.capacity is None or self.live < self.capacity):
-            fut = self._waiters.popleft()
-            if not fut.done():
-                self._take()
-                fut.set_result(None)
+        for line in self._waiters.values():  # highest rank first
+            while line and (self.capacity is None or self.live < self.capacity):
+                fut = line.popleft()
+                if not fut.done():
+                    self._take()
+                    fut.set_result(None)

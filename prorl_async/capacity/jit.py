@@ -2,13 +2,21 @@
 
 A job INIT prepares holds its sandbox until RUN ends; if it then waits in the RUN
 queue, the sandbox sits idle holding memory and budget. By Little's law RUN takes
-``rate = busy_run / W_run`` jobs per second, so a RUN queue of ``rate * W_init``
-jobs covers the time INIT needs to prepare the next one. INIT may therefore start a
+``rate = progressing_run / A_run`` jobs per second (RUN jobs not waiting for a
+backend, over RUN's active time per job: a job waiting for a backend makes no
+progress, and RUN's wall time early in a run comes from the first jobs, which did not
+wait), so a RUN queue of ``rate * W_init`` jobs covers the time INIT needs to prepare
+the next one. INIT may therefore start a
 job while
 
     queued_run + busy_init < free_run_workers + ceil(rate * W_init) + 1
 
 (the ``+ 1`` absorbs jitter; before RUN has finished anything the target is 1).
+
+RUN jobs that wait for an LLM backend now (every backend at its ``max_inflight``,
+timer paused) count as queued, and RUN then has no free workers: the backends, not
+RUN's pool, set the pace, and a sandbox started for a free RUN worker would only wait
+inside RUN instead of in its queue.
 """
 
 from __future__ import annotations
@@ -25,10 +33,13 @@ def run_queue_target(run: StageStats, init: StageStats, busy_run: int) -> int:
     """RUN queue depth that covers INIT's latency at RUN's completion rate."""
     # INIT's active time: how long preparing a job takes once it has its sandbox slot (a
     # wait for a slot is not covered by queueing: that slot frees only as RUN finishes).
-    w_run, w_init = run.service.value, init.active.value
-    if not w_run or w_init is None or busy_run <= 0:
+    a_run, w_init = run.active.value, init.active.value
+    waiting = run.paused()
+    if not a_run or w_init is None or busy_run - waiting <= 0:
         return 1
-    rate = busy_run / w_run
+    # Backend-bound: RUN's measured completion rate is the backends' pace. Else Little's
+    # law on the RUN jobs making progress.
+    rate = run.completions.rate() if waiting else (busy_run - waiting) / a_run
     return math.ceil(rate * w_init) + 1
 
 
@@ -60,8 +71,9 @@ class JitGate:
         """Whether INIT may start one more job now."""
         if not self.enabled:
             return True
-        free_run = max(self._run_workers() - self._busy("run"), 0)
-        return self._queued_run() + self._busy("init") < free_run + self.target()
+        waiting = self._stats["run"].paused()  # for a backend
+        free_run = max(self._run_workers() - self._busy("run"), 0) if waiting == 0 else 0
+        return self._queued_run() + waiting + self._busy("init") < free_run + self.target()
 
     async def wait(self, skip: Callable[[], bool] = lambda: False) -> None:
         """Return once INIT may start a job (re-checked on every pipeline change) or ``skip()``."""

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from prorl_async.capacity import SandboxBudget, default_max_sandboxes
+from prorl_async.capacity.stats import CURRENT_STAGE
 from prorl_async.sandbox import SandboxLimits
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from prorl_async.timer import PausableTimer
@@ -58,6 +59,43 @@ async def test_slots_go_in_arrival_order_and_a_gone_waiter_hands_its_slot_on() -
     assert order == ["second"] and budget.live == 1 and budget.waiting == 0
     with pytest.raises(asyncio.CancelledError):
         await first
+
+
+async def test_a_freed_slot_goes_to_the_latest_stage_first() -> None:
+    """EVAL before RUN before INIT before warm sandboxes (no stage), whatever the arrival
+    order; a taker does not jump waiters of its own or a later stage, but may jump earlier
+    stages' waiters when a slot is free."""
+    budget = SandboxBudget(1)
+    assert budget.try_acquire()
+    order: list[str] = []
+
+    async def take(stage: str | None) -> None:
+        CURRENT_STAGE.set(stage)  # this task's own context, as the pipeline sets it
+        await budget.acquire()
+        order.append(str(stage))
+
+    tasks = []
+    for n, stage in enumerate([None, "init", "run", "eval", "init"]):
+        tasks.append(asyncio.create_task(take(stage)))
+        await eventually(lambda n=n: budget.waiting == n + 1)
+    for n in range(5):
+        budget.release()
+        await eventually(lambda n=n: len(order) == n + 1)
+    assert order == ["eval", "run", "init", "init", "None"]
+    await asyncio.gather(*tasks)
+
+    budget = SandboxBudget(2)
+    assert budget.try_acquire() and budget.try_acquire()
+    waiter = asyncio.create_task(take("init"))
+    await eventually(lambda: budget.waiting == 1)
+    budget.capacity = 3  # a free slot with an INIT waiter still in line (not woken)
+    token = CURRENT_STAGE.set("init")
+    assert not budget.try_acquire()  # INIT behind INIT: waits its turn
+    CURRENT_STAGE.set("eval")
+    assert budget.try_acquire()  # EVAL ahead of INIT
+    CURRENT_STAGE.reset(token)
+    budget.resize(4)
+    await asyncio.wait_for(waiter, 5)
 
 
 def test_default_budget_is_memory_over_the_per_sandbox_limit() -> None:

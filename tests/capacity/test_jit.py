@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
+from prorl_async.capacity.jit import JitGate
+from prorl_async.capacity.stats import Pulse, StageStats
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from tests.handlers.policies import require_bwrap
 from tests.serverutil import ServerFactory
@@ -13,20 +16,22 @@ RUN_WORKERS = 2
 INIT_WORKERS = 8
 
 
-async def _peak_live(make_server: ServerFactory, jit: bool) -> tuple[int, dict[str, Any]]:
+async def _peak_live(
+    make_server: ServerFactory, jit: bool, *, run_workers: int = RUN_WORKERS, inflight: int = 0
+) -> tuple[int, dict[str, Any]]:
     # One backend, slow and able to decode two requests at a time: RUN is the bottleneck.
-    latency = LatencyModel(ttft_s=1.5, capacity=RUN_WORKERS)
+    latency = LatencyModel(ttft_s=1.5, capacity=2)
     async with (
         ScriptedLLM(policy="finish", latency=latency) as llm,
         make_server(
             runtime="bwrap",
             init_workers=INIT_WORKERS,
-            run_workers=RUN_WORKERS,
+            run_workers=run_workers,
             max_sandboxes=32,
             jit_init=jit,
         ) as srv,
     ):
-        await srv.client.add_llm_server(llm.address)
+        await srv.client.add_llm_server(llm.address, max_inflight=inflight or None)
         jobs = [{"task": "sandbox", "instance": {"prompt": f"p{i}"}} for i in range(JOBS)]
         ids = await srv.client.submit_batch(jobs)
         results = [await srv.client.result(j, wait=60) for j in ids]
@@ -49,3 +54,69 @@ async def test_jit_init_keeps_live_sandboxes_near_run_concurrency(
     idle_eager = status_eager["idle_sandbox_seconds"]["run"]
     assert idle_eager > 2 * idle_jit and idle_eager > 1.0, (idle_jit, idle_eager)
     assert status_jit["idle_sandbox_seconds"]["init"] == 0.0
+
+
+async def _run_idle(make_server: ServerFactory, jit: bool) -> tuple[float, int]:
+    """30 jobs, RUN at the default 64 workers, one backend registered with
+    ``max_inflight=2``: RUN's idle sandbox-seconds (alive, waiting for the backend) and
+    the jobs INIT started while RUN jobs waited for the backend."""
+    latency = LatencyModel(ttft_s=0.5, capacity=2)
+    async with (
+        ScriptedLLM(policy="finish", latency=latency) as llm,
+        make_server(
+            runtime="bwrap", init_workers=INIT_WORKERS, max_sandboxes=64, jit_init=jit
+        ) as srv,
+    ):
+        await srv.client.add_llm_server(llm.address, max_inflight=2)
+        jobs = [{"task": "sandbox", "instance": {"prompt": f"p{i}"}} for i in range(30)]
+        ids = await srv.client.submit_batch(jobs)
+        results = [await srv.client.result(j, wait=60) for j in ids]
+        assert [r["status"] for r in results if r] == ["done"] * len(ids)
+        status = await srv.client.status()
+        assert status["pools"]["run"]["configured"] == 64
+        return status["idle_sandbox_seconds"]["run"], srv.service.services.runtime.budget.peak
+
+
+async def test_jit_init_follows_the_backends_not_a_large_run_pool(
+    make_server: ServerFactory,
+) -> None:
+    """RUN jobs waiting for the backend (inside RUN: its 64 workers are free) count as
+    RUN's queue, so INIT keeps only a queue covering its own latency ahead of the
+    backend's 2 decoding slots; eager INIT starts every job and they wait in RUN. (The
+    first wave, started before any RUN job waited, is there in both.)"""
+    require_bwrap()
+    idle_jit, peak_jit = await _run_idle(make_server, jit=True)
+    idle_eager, peak_eager = await _run_idle(make_server, jit=False)
+    assert idle_jit < 0.5 * idle_eager, (idle_jit, idle_eager)
+    assert peak_jit < peak_eager, (peak_jit, peak_eager)
+
+
+def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
+    """Free RUN workers do not open the gate while RUN jobs wait for a backend: the
+    backends set the pace then, and a new sandbox would only wait inside RUN."""
+    stats = {s: StageStats() for s in ("init", "run", "eval")}
+    busy = {"init": 0, "run": 4, "eval": 0}
+    gate = JitGate(
+        changed=Pulse(),
+        queued_run=lambda: 0,
+        busy=busy.__getitem__,
+        run_workers=lambda: 64,
+        stats=stats,
+    )
+    stats["run"].finished(2.0, 1.0)  # RUN: 1 s active (2 s wall); INIT: 0.1 s active
+    stats["init"].finished(0.1, 0.1)
+    waiting = dict.fromkeys(range(4), False)
+    for key in waiting:
+        stats["run"].started(key, lambda: 0.5, lambda key=key: waiting[key])
+    # Little's law on the 4 RUN jobs making progress: 4 jobs/s, 0.1 s of INIT ahead.
+    assert gate.target() == math.ceil(4 / 1.0 * 0.1) + 1 == 2
+    busy["init"] = 59 + gate.target()  # 60 free RUN workers + the target, minus one
+    assert gate.open()
+    waiting[0] = waiting[1] = True  # two RUN jobs wait for a backend now
+    # Backend-bound: RUN's measured completions (1 so far) set the pace.
+    assert gate.target() == math.ceil(stats["run"].completions.rate() * 0.1) + 1 == 2
+    assert not gate.open()
+    busy["init"] = 0  # the two waiting count as RUN's queue, at the target already
+    assert not gate.open()
+    waiting[1] = False
+    assert gate.open()
