@@ -172,7 +172,10 @@ class BwrapRuntime(Runtime):
         argv += ["--chdir", layout.inner_workspace, "--hostname", "sandbox", "--clearenv"]
         for key, value in self.sandbox_env(spec, layout, ip).items():
             argv += ["--setenv", key, value]
-        inner = [*self._drop_root(spec), *self.tool_server_argv(self.config.python, layout)]
+        inner = [
+            *self._drop_root(spec),
+            *self.tool_server_argv(self.config.python, layout, same_code=True),
+        ]
         return argv + ["--", *inner]
 
     def disk_enforcer(self) -> str | None:

@@ -36,7 +36,7 @@ class LocalRuntime(Runtime):
             "env",
             "-C",
             layout.inner_workspace,
-            *self.tool_server_argv(self.config.python, layout),
+            *self.tool_server_argv(self.config.python, layout, same_code=True),
         ]
 
     def environment(self, spec: SandboxSpec, layout: Layout, ip: str) -> dict[str, str]:

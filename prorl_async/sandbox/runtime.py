@@ -127,12 +127,25 @@ class Runtime(abc.ABC):
         env.update(spec.env)
         return env
 
-    def tool_server_argv(self, python: str, layout: Layout) -> list[str]:
+    def tool_server_argv(
+        self, python: str, layout: Layout, *, same_code: bool = False
+    ) -> list[str]:
+        """The tool server's command line. ``same_code``: import ``prorl_async`` from where
+        this server imported it (runtimes that see the host's paths), not from wherever the
+        interpreter's installed copy points: with two checkouts, an editable install may
+        name the other one, which a sandbox does not bind."""
+        args = ["--socket", layout.inner_socket, "--workspace", layout.inner_workspace]
         # -P: the workspace (cwd) must not shadow the tool server's own imports.
-        return [
-            python, "-P", "-m", "prorl_async.toolserver",
-            "--socket", layout.inner_socket, "--workspace", layout.inner_workspace,
-        ]  # fmt: skip
+        if not same_code:
+            return [python, "-P", "-m", "prorl_async.toolserver", *args]
+        import prorl_async
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(prorl_async.__file__)))
+        boot = (
+            f"import runpy, sys; sys.path.insert(0, {root!r}); "
+            "runpy.run_module('prorl_async.toolserver', run_name='__main__', alter_sys=True)"
+        )
+        return [python, "-P", "-c", boot, *args]
 
     @property
     def live(self) -> int:

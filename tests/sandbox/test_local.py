@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +18,7 @@ from prorl_async.sandbox import (
     bwrap_problem,
     get_runtime,
 )
+from prorl_async.sandbox.layout import Layout
 from tests.sandbox.conftest import snapshot, still_running
 
 # Starts `sleep` in a new session with no inherited fds, records its pid and exits at once.
@@ -55,3 +60,19 @@ def test_get_runtime(config: RuntimeConfig) -> None:
     auto = get_runtime("auto", config)
     expected = BwrapRuntime if bwrap_problem() is None else LocalRuntime
     assert isinstance(auto, expected)
+
+
+def test_tool_server_imports_the_servers_own_checkout(local: LocalRuntime, tmp_path: Path) -> None:
+    """With two checkouts, the interpreter's import path may name the other one (an
+    editable install made from it); the tool server must import this server's code.
+    Here ``PYTHONPATH`` names a decoy ``prorl_async`` that refuses to import."""
+    decoy = tmp_path / "other-checkout" / "prorl_async"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('the other checkout')\n")
+    layout = Layout(sandbox_id="x", root=tmp_path)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(decoy.parent)}
+    for same_code, wanted in ((False, 1), (True, 0)):
+        argv = local.tool_server_argv(sys.executable, layout, same_code=same_code)
+        proc = subprocess.run([*argv, "--help"], env=env, capture_output=True, timeout=60)
+        assert proc.returncode == wanted, proc.stderr.decode()[-500:]
+    assert b"--socket" in proc.stdout  # the real tool server's usage
