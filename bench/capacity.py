@@ -123,6 +123,7 @@ async def run_config(
         "p50": pct(lat, 0.5),
         "p99": pct(lat, 0.99),
         "idle": sum(status["idle_sandbox_seconds"].values()),
+        "idle_by": status["idle_sandbox_seconds"],
         "peak": status["sandbox_budget"]["peak"],
         "pools": {k: v["configured"] for k, v in status["pools"].items()},
     }
@@ -137,7 +138,9 @@ async def drain(client: RolloutClient, ids: list[str]) -> list[dict[str, Any]]:
     return done
 
 
-async def grid(kind: str, n: int, auto_only: bool = False) -> list[dict[str, Any]]:
+async def grid(
+    kind: str, n: int, auto_only: bool = False
+) -> tuple[list[dict[str, Any]], tuple[float, str]]:
     budget = default_max_sandboxes(SandboxLimits(memory_bytes=GiB))
     print(f"workload {kind}: {n} jobs, {DESCRIBE[kind]}; sandbox budget {budget} (memory / 1 GiB)")
     jobs = workload(kind, n)
@@ -150,26 +153,51 @@ async def grid(kind: str, n: int, auto_only: bool = False) -> list[dict[str, Any
     auto = await run_config("autoscale", jobs, budget, autoscale=True)
     print_row(auto)
     rows.append(auto)
-    return rows
+    return rows, upper_bound(jobs, budget)
+
+
+def sandbox_seconds(job: dict[str, Any]) -> float:
+    """Sandbox-seconds a job holds at the least: INIT and RUN, and a sandboxed EVAL."""
+    inst = job["instance"]
+    return inst["init_s"] + inst["run_s"] + (inst["eval_s"] if inst.get("eval_sandbox") else 0.0)
+
+
+def upper_bound(jobs: list[dict[str, Any]], budget: int) -> tuple[float, str]:
+    """Jobs/s no pool sizing or scheduler can beat on this workload: the batch needs at
+    least its sandbox-seconds over the budget, its decoding seconds over the backends'
+    slots, and its longest job's own time."""
+    sb = sum(sandbox_seconds(j) for j in jobs) / budget
+    llm = sum(j["instance"]["run_s"] for j in jobs) / LLM_SLOTS
+    longest = max(sandbox_seconds(j) for j in jobs)
+    span = max(sb, llm, longest)
+    which = "the sandbox budget" if span == sb else "the backends" if span == llm else "one job"
+    return len(jobs) / span, which
 
 
 def print_row(r: dict[str, Any]) -> None:
     pools = "/".join(str(r["pools"][s]) for s in ("init", "run", "eval"))
+    by = "/".join(f"{r['idle_by'][s]:.1f}" for s in ("init", "run", "eval"))
     print(
         f"  {r['name']:<20} {r['jobs_s']:6.2f} jobs/s  p50 {r['p50']:6.2f} s  "
-        f"p99 {r['p99']:6.2f} s  idle {r['idle']:7.1f} sandbox-s  peak {r['peak']:3d}  "
+        f"p99 {r['p99']:6.2f} s  idle {r['idle']:7.1f} sandbox-s ({by})  peak {r['peak']:3d}  "
         f"pools at end {pools}",
         flush=True,
     )
 
 
-def verdict(rows: list[dict[str, Any]]) -> None:
+def verdict(rows: list[dict[str, Any]], bound: tuple[float, str]) -> None:
     static, auto = rows[:-1], rows[-1]
     best = max(static, key=lambda r: r["jobs_s"])
     median = statistics.median(r["jobs_s"] for r in static)
     print(f"autoscale / best static ({best['name']}): {auto['jobs_s'] / best['jobs_s']:.2f}x")
     print(f"autoscale / median static: {auto['jobs_s'] / median:.2f}x")
     print(f"idle sandbox-s: autoscale {auto['idle']:.1f} vs best static {best['idle']:.1f}")
+    limit, which = bound
+    print(
+        f"upper bound for any pools ({which}): {limit:.2f} jobs/s; best static at "
+        f"{best['jobs_s'] / limit:.0%} of it, autoscale at {auto['jobs_s'] / limit:.0%}; "
+        f"1.3x the median static would be {1.3 * median / limit:.0%} of it"
+    )
 
 
 async def warm_init(jobs: int) -> None:
@@ -221,9 +249,9 @@ async def main() -> None:
         logging.getLogger("prorl_async.capacity.autoscale").setLevel(logging.DEBUG)
     t0 = time.perf_counter()
     for kind in ["mixed", "shift"] if args.workload == "both" else [args.workload]:
-        rows = await grid(kind, args.jobs, args.auto_only)
+        rows, bound = await grid(kind, args.jobs, args.auto_only)
         if not args.auto_only:
-            verdict(rows)
+            verdict(rows, bound)
     if not args.skip_warm:
         await warm_init(args.warm_jobs)
     print(f"bench wall time {time.perf_counter() - t0:.0f} s")
