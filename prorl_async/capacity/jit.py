@@ -2,21 +2,18 @@
 
 A job INIT prepares holds its sandbox until RUN ends; if it then waits in the RUN
 queue, the sandbox sits idle holding memory and budget. By Little's law RUN takes
-``rate = progressing_run / A_run`` jobs per second (RUN jobs not waiting for a
-backend, over RUN's active time per job: a job waiting for a backend makes no
-progress, and RUN's wall time early in a run comes from the first jobs, which did not
-wait), so a RUN queue of ``rate * W_init`` jobs covers the time INIT needs to prepare
-the next one. INIT may therefore start a
-job while
+``rate = progressing_run / A_run`` jobs per second (its jobs making progress, over its
+active seconds per job), so a RUN queue of ``rate * W_init`` jobs covers the time INIT
+needs to prepare the next one. INIT may therefore start a job while
 
     queued_run + busy_init < free_run_workers + ceil(rate * W_init) + 1
 
 (the ``+ 1`` absorbs jitter; before RUN has finished anything the target is 1).
 
 RUN jobs that wait for an LLM backend now (every backend at its ``max_inflight``,
-timer paused) count as queued, and RUN then has no free workers: the backends, not
-RUN's pool, set the pace, and a sandbox started for a free RUN worker would only wait
-inside RUN instead of in its queue.
+timer paused) count as queued, RUN then has no free workers, and ``rate`` is RUN's
+measured completion rate: the backends, not RUN's pool, set the pace, and a sandbox
+started for a free RUN worker would only wait inside RUN instead of in its queue.
 """
 
 from __future__ import annotations
