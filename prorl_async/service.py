@@ -70,6 +70,7 @@ class RolloutService:
         self.capacity = CapacityView(self.pipeline, lambda: self.services.runtime, self.autoscaler)
         self.metrics.registry.register(self.capacity)
         self._sweeper: asyncio.Task[None] | None = None
+        self._gated = False
 
     def _budget(self) -> SandboxBudget | None:
         runtime = self.services.runtime
@@ -104,6 +105,13 @@ class RolloutService:
 
     def start(self) -> None:
         self.open()
+        budget = self._budget()
+        if budget is not None and self.config.jit_init and not self._gated:
+            # Just-in-time INIT also at the moment an INIT job would take a sandbox slot;
+            # a pipeline change may open that gate, so it re-offers free slots.
+            budget.gate("init", self.pipeline.jit.slot_open)
+            self.pipeline.changed.on_fire(budget.wake)
+            self._gated = True
         self.pipeline.start()
         if self.autoscaler is not None:
             self.autoscaler.start()

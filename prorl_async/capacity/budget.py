@@ -12,12 +12,18 @@ offer that earlier stages started, so it cannot starve them: under a full budget
 first-come order would instead let INIT keep starting jobs while finished RUNs wait
 for an EVAL sandbox, which lengthens every such job and, at the end of a batch, the
 batch itself.
+
+A stage may be given an admission gate (``gate``): its waiters then get a free slot
+only while the gate is open, and are offered one again on ``wake``. Just-in-time INIT
+uses it so a slot freed while RUN jobs already wait for a backend is not turned into
+one more sandbox waiting for it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -76,6 +82,27 @@ class SandboxBudget:
             r: collections.deque() for r in sorted({0, *_RANK.values()}, reverse=True)
         }
         self._listeners: list[Callable[[], None]] = []
+        self._gates: dict[int, Callable[[], bool]] = {}
+
+    def gate(self, stage: str, is_open: Callable[[], bool]) -> None:
+        """Give ``stage``'s takers a slot only while ``is_open()`` (re-checked on ``wake``)."""
+        self._gates[_rank(stage)] = is_open
+
+    def wake(self) -> None:
+        """Hand free slots to waiters whose gate may have opened."""
+        self._wake()
+
+    def _admitted(self, rank: int, *, asking: bool = False) -> bool:
+        """Whether ``rank``'s gate is open; ``asking``: evaluated for the current job, with
+        its timer paused (it is waiting for a slot, not yet working on one)."""
+        is_open = self._gates.get(rank)
+        if is_open is None:
+            return True
+        timer = current_timer() if asking else None
+        if timer is None:
+            return is_open()
+        with timer.paused():
+            return is_open()
 
     @property
     def waiting(self) -> int:
@@ -105,7 +132,8 @@ class SandboxBudget:
     def try_acquire(self, *, behind_waiters: bool = True) -> bool:
         """Take a slot if one is free (and, by default, nobody of the caller's stage or a
         later one is queued for one)."""
-        if behind_waiters and self._ahead(_rank(CURRENT_STAGE.get())):
+        rank = _rank(CURRENT_STAGE.get())
+        if (behind_waiters and self._ahead(rank)) or not self._admitted(rank, asking=True):
             return False
         if self.capacity is not None and self.live >= self.capacity:
             return False
@@ -120,14 +148,14 @@ class SandboxBudget:
         timer = current_timer()
         t0 = time.monotonic()
         self.waits += 1
+        rank = _rank(CURRENT_STAGE.get())
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[_rank(CURRENT_STAGE.get())].append(fut)
+        self._waiters[rank].append(fut)
         try:
-            if timer is None:
+            with timer.paused() if timer is not None else contextlib.nullcontext():
+                if rank in self._gates:
+                    self._wake()  # its gate now sees this job waiting, not working
                 await fut
-            else:
-                with timer.paused():
-                    await fut
         except BaseException:
             self._abandon(fut)
             raise
@@ -163,7 +191,9 @@ class SandboxBudget:
                     line.remove(fut)
 
     def _wake(self) -> None:
-        for line in self._waiters.values():  # highest rank first
+        for rank, line in self._waiters.items():  # highest rank first
+            if line and not self._admitted(rank):
+                continue
             while line and (self.capacity is None or self.live < self.capacity):
                 fut = line.popleft()
                 if not fut.done():

@@ -14,6 +14,9 @@ RUN jobs that wait for an LLM backend now (every backend at its ``max_inflight``
 timer paused) count as queued, RUN then has no free workers, and ``rate`` is RUN's
 measured completion rate: the backends, not RUN's pool, set the pace, and a sandbox
 started for a free RUN worker would only wait inside RUN instead of in its queue.
+The number the backends served while others waited is remembered: RUN's free workers
+count only up to it (plus one, to find added capacity), so that when a wave of RUN
+jobs ends at once INIT does not refill every freed worker for jobs that would wait.
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ class JitGate:
     ) -> None:
         self.enabled = enabled
         self.waiting = 0
+        # RUN jobs the LLM backends serve at once (None: never seen one wait for them).
+        self.backend_slots: int | None = None
         self._changed = changed
         self._queued_run = queued_run
         self._busy = busy
@@ -66,11 +71,36 @@ class JitGate:
 
     def open(self) -> bool:
         """Whether INIT may start one more job now."""
+        return not self.enabled or self._admits(self._busy("init"))
+
+    def slot_open(self) -> bool:
+        """Whether an INIT job may take a sandbox-budget slot now (asked with the asking
+        job's timer paused): the same rule, counting as INIT's share only the INIT jobs
+        preparing on a slot (not paused waiting for one). An INIT job that passed
+        ``open`` and then waited for a slot would otherwise take the next free one
+        whatever RUN's state by then."""
         if not self.enabled:
             return True
+        return self._admits(self._busy("init") - self._stats["init"].paused())
+
+    def _admits(self, init_jobs: int) -> bool:
         waiting = self._stats["run"].paused()  # for a backend
-        free_run = max(self._run_workers() - self._busy("run"), 0) if waiting == 0 else 0
-        return self._queued_run() + waiting + self._busy("init") < free_run + self.target()
+        busy = self._busy("run")
+        self._learn_backends(busy - waiting, waiting)
+        room = self._run_workers()
+        if self.backend_slots is not None:
+            room = min(room, self.backend_slots + 1)  # + 1: probe for more
+        free_run = max(room - busy, 0) if waiting == 0 else 0
+        return self._queued_run() + waiting + init_jobs < free_run + self.target()
+
+    def _learn_backends(self, served: int, waiting: int) -> None:
+        """``backend_slots``: how many RUN jobs the backends serve at once, as last seen:
+        exactly those served while others waited; at least those served when none did
+        (so the estimate follows added backends up, one job at a time)."""
+        if waiting:
+            self.backend_slots = served
+        elif self.backend_slots is not None:
+            self.backend_slots = max(self.backend_slots, served)
 
     async def wait(self, skip: Callable[[], bool] = lambda: False) -> None:
         """Return once INIT may start a job (re-checked on every pipeline change) or ``skip()``."""

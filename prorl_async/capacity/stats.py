@@ -135,10 +135,17 @@ class Pulse:
 
     def __init__(self) -> None:
         self._event = asyncio.Event()
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_fire(self, callback: Callable[[], None]) -> None:
+        """Also call ``callback`` (synchronously) on every ``fire``."""
+        self._listeners.append(callback)
 
     def fire(self) -> None:
         self._event.set()
         self._event = asyncio.Event()
+        for callback in self._listeners:
+            callback()
 
     async def wait(self) -> None:
         await self._event.wait()

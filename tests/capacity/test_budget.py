@@ -12,7 +12,7 @@ from prorl_async.capacity import SandboxBudget, default_max_sandboxes
 from prorl_async.capacity.stats import CURRENT_STAGE
 from prorl_async.sandbox import SandboxLimits
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
-from prorl_async.timer import PausableTimer
+from prorl_async.timer import PausableTimer, current_timer
 from tests.handlers.policies import require_bwrap
 from tests.serverutil import ServerFactory, eventually
 
@@ -96,6 +96,38 @@ async def test_a_freed_slot_goes_to_the_latest_stage_first() -> None:
     CURRENT_STAGE.reset(token)
     budget.resize(4)
     await asyncio.wait_for(waiter, 5)
+
+
+async def test_a_gated_stage_gets_slots_only_while_its_gate_is_open() -> None:
+    budget = SandboxBudget(4)
+    gate_open = False
+    seen_paused: list[bool] = []
+
+    def is_open() -> bool:
+        timer = current_timer()
+        seen_paused.append(timer is not None and not timer.running)
+        return gate_open
+
+    budget.gate("init", is_open)
+    CURRENT_STAGE.set("eval")
+    assert budget.try_acquire()  # other stages are not gated
+    timer = PausableTimer(budget=10.0)
+
+    async def take() -> None:
+        CURRENT_STAGE.set("init")
+        async with timer.deadline():
+            await budget.acquire()
+
+    waiter = asyncio.create_task(take())
+    await eventually(lambda: budget.waiting == 1)
+    # Asked for the INIT job itself, the gate saw its timer paused (it waits, not works).
+    assert seen_paused and all(seen_paused)
+    budget.release()  # a free slot (3 free now) is not enough while the gate is closed
+    assert budget.waiting == 1 and budget.live == 0
+    gate_open = True
+    budget.wake()
+    await asyncio.wait_for(waiter, 5)
+    assert budget.live == 1 and budget.waiting == 0
 
 
 def test_default_budget_is_memory_over_the_per_sandbox_limit() -> None:

@@ -120,3 +120,48 @@ def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
     assert not gate.open()
     waiting[1] = False
     assert gate.open()
+    # Served while others waited: 4 busy - 1 waiting (it was 4 - 2 a moment before).
+    assert gate.backend_slots == 3
+
+    # A wave of RUN jobs ends at once: 1 left, none waiting, 63 RUN workers free. INIT
+    # refills only up to the backends' 3 slots (+ 1 to probe for more), plus the target.
+    for key in (1, 2, 3):
+        stats["run"].ended(key)
+    busy["run"] = 1
+    waiting.clear()
+    waiting[0] = False
+    target = gate.target()
+    busy["init"] = (3 + 1 - 1) + target - 1
+    assert gate.open()
+    busy["init"] += 1
+    assert not gate.open()
+    # More served at once than seen, none waiting: the backends grew; so does the estimate.
+    for key in (4, 5, 6, 7):
+        stats["run"].started(key, lambda: 0.1, lambda: False)
+    busy["run"] = 5
+    assert not gate.open() and gate.backend_slots == 5
+
+
+def test_a_slot_goes_to_init_only_while_runs_backlog_is_short() -> None:
+    """``slot_open``: asked for an INIT job waiting for a sandbox slot; INIT jobs that are
+    themselves waiting for a slot (timer paused) are not counted, those preparing are."""
+    stats = {s: StageStats() for s in ("init", "run", "eval")}
+    busy = {"init": 3, "run": 2, "eval": 0}
+    gate = JitGate(
+        changed=Pulse(),
+        queued_run=lambda: 0,
+        busy=busy.__getitem__,
+        run_workers=lambda: 2,  # RUN full: only the target (1 before RUN finished) is room
+        stats=stats,
+    )
+    paused = {0: True, 1: True, 2: False}  # two INIT jobs wait for a slot, one prepares
+    for key in paused:
+        stats["init"].started(key, lambda: 0.0, lambda key=key: paused[key])
+    assert gate.target() == 1
+    assert not gate.open()  # three in INIT already
+    assert not gate.slot_open()  # the one preparing fills the target
+    paused[2] = True  # it waits too now: nobody prepares
+    assert gate.slot_open()
+    gate.enabled = False
+    paused[2] = False
+    assert gate.slot_open()
