@@ -15,7 +15,7 @@ timer paused) count as queued, RUN then has no free workers, and ``rate`` is RUN
 measured completion rate: the backends, not RUN's pool, set the pace, and a sandbox
 started for a free RUN worker would only wait inside RUN instead of in its queue.
 The number the backends served while others waited is remembered: RUN's free workers
-count only up to it (plus one, to find added capacity), so that when a wave of RUN
+count only up to it (plus an eighth, to find added capacity), so that when a wave of RUN
 jobs ends at once INIT does not refill every freed worker for jobs that would wait.
 """
 
@@ -89,15 +89,17 @@ class JitGate:
         self._learn_backends(busy - waiting, waiting)
         room = self._run_workers()
         if self.backend_slots is not None:
-            room = min(room, self.backend_slots + 1)  # + 1: probe for more
+            # Plus a probe for more (an eighth, at least one): added backends are found.
+            room = min(room, self.backend_slots + 1 + self.backend_slots // 8)
         free_run = max(room - busy, 0) if waiting == 0 else 0
         return self._queued_run() + waiting + init_jobs < free_run + self.target()
 
     def _learn_backends(self, served: int, waiting: int) -> None:
         """``backend_slots``: how many RUN jobs the backends serve at once, as last seen:
         exactly those served while others waited; at least those served when none did
-        (so the estimate follows added backends up, one job at a time)."""
-        if waiting:
+        (so the estimate follows added backends up). All waiting and none served is no
+        backend at all (a checkpoint swap), not a capacity: the estimate is kept."""
+        if waiting and served:
             self.backend_slots = served
         elif self.backend_slots is not None:
             self.backend_slots = max(self.backend_slots, served)

@@ -140,6 +140,11 @@ def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
         stats["run"].started(key, lambda: 0.1, lambda: False)
     busy["run"] = 5
     assert not gate.open() and gate.backend_slots == 5
+    # A checkpoint swap: no backend, every RUN job waits, none served. That says nothing
+    # of the backends' capacity: the estimate stays.
+    for key in (0, 4, 5, 6, 7):
+        stats["run"].started(key, lambda: 0.1, lambda: True)
+    assert not gate.open() and gate.backend_slots == 5
 
 
 def test_a_slot_goes_to_init_only_while_runs_backlog_is_short() -> None:
