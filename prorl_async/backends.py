@@ -151,6 +151,14 @@ class BackendPool:
     def backends(self) -> list[Backend]:
         return list(self._backends.values())
 
+    def capacity(self) -> int | None:
+        """RUN jobs the healthy backends serve at once: the sum of their ``max_inflight``
+        (``None``: unknown, when some backend has no ``max_inflight`` or none is healthy)."""
+        healthy = [b.max_inflight for b in self._backends.values() if b.healthy]
+        if not healthy or any(n is None for n in healthy):
+            return None
+        return sum(n for n in healthy if n is not None)
+
     @property
     def waiting(self) -> int:
         """Jobs waiting for a backend right now."""

@@ -112,6 +112,8 @@ class RolloutService:
             budget.gate("init", self.pipeline.jit.slot_open)
             self.pipeline.changed.on_fire(budget.wake)
             self._gated = True
+        if self.services.pool is not None:
+            self.pipeline.jit.backend_capacity = self.services.pool.capacity
         self.pipeline.start()
         if self.autoscaler is not None:
             self.autoscaler.start()

@@ -17,6 +17,8 @@ started for a free RUN worker would only wait inside RUN instead of in its queue
 The number the backends served while others waited is remembered: RUN's free workers
 count only up to it (plus one, to find added capacity), so that when a wave of RUN
 jobs ends at once INIT does not refill every freed worker for jobs that would wait.
+When every backend declares its ``max_inflight``, their sum is used instead, from the
+first job on.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ class JitGate:
         self.waiting = 0
         # RUN jobs the LLM backends serve at once (None: never seen one wait for them).
         self.backend_slots: int | None = None
+        # What the backends declare they serve at once (their max_inflight), when known:
+        # used instead of the learned number (set by the server when it has a pool).
+        self.backend_capacity: Callable[[], int | None] = lambda: None
         self._changed = changed
         self._queued_run = queued_run
         self._busy = busy
@@ -88,7 +93,10 @@ class JitGate:
         busy = self._busy("run")
         self._learn_backends(busy - waiting, waiting)
         room = self._run_workers()
-        if self.backend_slots is not None:
+        declared = self.backend_capacity()
+        if declared is not None:
+            room = min(room, declared)
+        elif self.backend_slots is not None:
             # Plus one, a probe for more: added backends are found. (A probe of an eighth
             # more made 20 idle sandbox-s where this made 16, bench/capacity.py shift.)
             room = min(room, self.backend_slots + 1)

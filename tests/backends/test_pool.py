@@ -346,3 +346,20 @@ async def test_remove_returns_whether_it_was_there(start_llm: StartLLM) -> None:
         pool.add(a.address)
         assert pool.remove(a.address) is True
         assert pool.remove(a.address) is False
+
+
+async def test_capacity_is_the_declared_max_inflight_of_healthy_backends(
+    start_llm: StartLLM,
+) -> None:
+    a, b, c = [await start_llm() for _ in range(3)]
+    async with BackendPool(FAST) as pool:
+        assert pool.capacity() is None  # no backend: nothing declared
+        pool.add(a.address, max_inflight=2)
+        pool.add(b.address, max_inflight=3)
+        assert pool.capacity() == 5
+        backend = pool.get(b.address)
+        assert backend is not None
+        backend.healthy = False  # an unhealthy backend serves nothing
+        assert pool.capacity() == 2
+        pool.add(c.address)  # no max_inflight: unbounded, so unknown
+        assert pool.capacity() is None

@@ -80,15 +80,16 @@ async def _run_idle(make_server: ServerFactory, jit: bool) -> tuple[float, int]:
 async def test_jit_init_follows_the_backends_not_a_large_run_pool(
     make_server: ServerFactory,
 ) -> None:
-    """RUN jobs waiting for the backend (inside RUN: its 64 workers are free) count as
-    RUN's queue, so INIT keeps only a queue covering its own latency ahead of the
-    backend's 2 decoding slots; eager INIT starts every job and they wait in RUN. (The
-    first wave, started before any RUN job waited, is there in both.)"""
+    """RUN's 64 workers are free, but the backend serves 2 at once (``max_inflight``):
+    INIT keeps only a queue covering its own latency ahead of those 2; eager INIT starts
+    every job and they wait for the backend inside RUN."""
     require_bwrap()
     idle_jit, peak_jit = await _run_idle(make_server, jit=True)
     idle_eager, peak_eager = await _run_idle(make_server, jit=False)
-    assert idle_jit < 0.5 * idle_eager, (idle_jit, idle_eager)
-    assert peak_jit < peak_eager, (peak_jit, peak_eager)
+    # The backend declares 2: from the first job on, RUN is given 2 plus a queue of about
+    # one INIT latency (measured: peak 6-7, idle 10 against 72-88 sandbox-s eager).
+    assert idle_jit < 0.3 * idle_eager, (idle_jit, idle_eager)
+    assert peak_jit <= 2 + 6 and peak_eager >= 20, (peak_jit, peak_eager)
 
 
 def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
@@ -170,3 +171,25 @@ def test_a_slot_goes_to_init_only_while_runs_backlog_is_short() -> None:
     gate.enabled = False
     paused[2] = False
     assert gate.slot_open()
+
+
+def test_declared_backend_capacity_bounds_run_from_the_first_job() -> None:
+    """Backends that declare ``max_inflight`` bound RUN's free workers before any RUN job
+    has waited (nothing learned yet)."""
+    stats = {s: StageStats() for s in ("init", "run", "eval")}
+    busy = {"init": 0, "run": 0, "eval": 0}
+    gate = JitGate(
+        changed=Pulse(),
+        queued_run=lambda: 0,
+        busy=busy.__getitem__,
+        run_workers=lambda: 64,
+        stats=stats,
+    )
+    declared: int | None = None
+    gate.backend_capacity = lambda: declared
+    busy["init"] = 10
+    assert gate.open()  # 64 free RUN workers, nothing declared
+    declared = 4
+    assert gate.backend_slots is None and not gate.open()  # 10 >= 4 + the target of 1
+    busy["init"] = 4
+    assert gate.open()
