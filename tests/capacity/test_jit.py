@@ -92,18 +92,24 @@ async def test_jit_init_follows_the_backends_not_a_large_run_pool(
     assert peak_jit <= 2 + 6 and peak_eager >= 20, (peak_jit, peak_eager)
 
 
-def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
-    """Free RUN workers do not open the gate while RUN jobs wait for a backend: the
-    backends set the pace then, and a new sandbox would only wait inside RUN."""
+def _gate(busy: dict[str, int], run_workers: int) -> tuple[JitGate, dict[str, StageStats]]:
+    """A gate over fresh stage stats, an empty RUN queue and ``busy`` workers per stage."""
     stats = {s: StageStats() for s in ("init", "run", "eval")}
-    busy = {"init": 0, "run": 4, "eval": 0}
     gate = JitGate(
         changed=Pulse(),
         queued_run=lambda: 0,
         busy=busy.__getitem__,
-        run_workers=lambda: 64,
+        run_workers=lambda: run_workers,
         stats=stats,
     )
+    return gate, stats
+
+
+def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
+    """Free RUN workers do not open the gate while RUN jobs wait for a backend: the
+    backends set the pace then, and a new sandbox would only wait inside RUN."""
+    busy = {"init": 0, "run": 4, "eval": 0}
+    gate, stats = _gate(busy, run_workers=64)
     stats["run"].finished(2.0, 1.0)  # RUN: 1 s active (2 s wall); INIT: 0.1 s active
     stats["init"].finished(0.1, 0.1)
     waiting = dict.fromkeys(range(4), False)
@@ -151,15 +157,9 @@ def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
 def test_a_slot_goes_to_init_only_while_runs_backlog_is_short() -> None:
     """``slot_open``: asked for an INIT job waiting for a sandbox slot; INIT jobs that are
     themselves waiting for a slot (timer paused) are not counted, those preparing are."""
-    stats = {s: StageStats() for s in ("init", "run", "eval")}
     busy = {"init": 3, "run": 2, "eval": 0}
-    gate = JitGate(
-        changed=Pulse(),
-        queued_run=lambda: 0,
-        busy=busy.__getitem__,
-        run_workers=lambda: 2,  # RUN full: only the target (1 before RUN finished) is room
-        stats=stats,
-    )
+    # RUN full: only the target (1 before RUN finished) is room.
+    gate, stats = _gate(busy, run_workers=2)
     paused = {0: True, 1: True, 2: False}  # two INIT jobs wait for a slot, one prepares
     for key in paused:
         stats["init"].started(key, lambda: 0.0, lambda key=key: paused[key])
@@ -176,15 +176,8 @@ def test_a_slot_goes_to_init_only_while_runs_backlog_is_short() -> None:
 def test_declared_backend_capacity_bounds_run_from_the_first_job() -> None:
     """Backends that declare ``max_inflight`` bound RUN's free workers before any RUN job
     has waited (nothing learned yet)."""
-    stats = {s: StageStats() for s in ("init", "run", "eval")}
     busy = {"init": 0, "run": 0, "eval": 0}
-    gate = JitGate(
-        changed=Pulse(),
-        queued_run=lambda: 0,
-        busy=busy.__getitem__,
-        run_workers=lambda: 64,
-        stats=stats,
-    )
+    gate, stats = _gate(busy, run_workers=64)
     declared: int | None = None
     gate.backend_capacity = lambda: declared
     busy["init"] = 10
