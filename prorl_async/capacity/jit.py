@@ -31,12 +31,15 @@ from prorl_async.capacity.stats import Pulse, StageStats
 __all__ = ["JitGate", "run_queue_target"]
 
 
-def run_queue_target(run: StageStats, init: StageStats, busy_run: int) -> int:
-    """RUN queue depth that covers INIT's latency at RUN's completion rate."""
+def run_queue_target(
+    run: StageStats, init: StageStats, busy_run: int, waiting: int | None = None
+) -> int:
+    """RUN queue depth that covers INIT's latency at RUN's completion rate (``waiting``:
+    RUN jobs waiting for a backend now, if the caller has counted them already)."""
     # INIT's active time: how long preparing a job takes once it has its sandbox slot (a
     # wait for a slot is not covered by queueing: that slot frees only as RUN finishes).
     a_run, w_init = run.active.value, init.active.value
-    waiting = run.paused()
+    waiting = run.paused() if waiting is None else waiting
     if not a_run or w_init is None or busy_run - waiting <= 0:
         return 1
     # Backend-bound: RUN's measured completion rate is the backends' pace. Else Little's
@@ -101,7 +104,8 @@ class JitGate:
             # more made 20 idle sandbox-s where this made 16, bench/capacity.py shift.)
             room = min(room, self.backend_slots + 1)
         free_run = max(room - busy, 0) if waiting == 0 else 0
-        return self._queued_run() + waiting + init_jobs < free_run + self.target()
+        target = run_queue_target(self._stats["run"], self._stats["init"], busy, waiting)
+        return self._queued_run() + waiting + init_jobs < free_run + target
 
     def _learn_backends(self, served: int, waiting: int) -> None:
         """``backend_slots``: how many RUN jobs the backends serve at once, as last seen:
