@@ -60,33 +60,10 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 def _serve(args: argparse.Namespace) -> int:
     from prorl_async.server import serve
 
-    keys = (
-        "host",
-        "port",
-        "port_file",
-        "token",
-        "token_file",
-        "init_workers",
-        "run_workers",
-        "eval_workers",
-        "state_dir",
-        "store",
-        "on_restart",
-        "retention_s",
-        "reset_state",
-        "tokenizer",
-        "runtime",
-        "max_model_len",
-        "read_timeout_s",
-        "keepalive_s",
-        "max_connections",
-        "log_level",
-        "max_sandboxes",
-        "warm_sandboxes",
-        "autoscale",
-    )
     try:
-        config = load_config(path=args.config, overrides={k: getattr(args, k) for k in keys})
+        # Every serve flag is a ServerConfig field of the same name (None: not given).
+        flags = {k: v for k, v in vars(args).items() if k not in ("command", "config")}
+        config = load_config(path=args.config, overrides=flags)
     except ConfigError as exc:
         print(f"prorl-async: {exc}", file=sys.stderr)
         return 2

@@ -108,8 +108,9 @@ def _node(args: argparse.Namespace) -> int:
 
 
 def _say(message: str) -> None:
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    sys.stdout.write(f"{stamp}.{int(time.time() * 1000) % 1000:03d} {message}\n")
+    now = time.time()  # one reading: seconds and milliseconds of the same instant
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(now))
+    sys.stdout.write(f"{stamp}.{int(now * 1000) % 1000:03d} {message}\n")
     sys.stdout.flush()
 
 

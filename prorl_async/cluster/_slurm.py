@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import subprocess
 
-__all__ = ["SlurmError", "hostnames", "node_addr"]
+__all__ = ["SlurmError", "node_addr"]
 
 
 class SlurmError(RuntimeError):
@@ -29,8 +29,3 @@ def node_addr(node: str) -> str:
         if field.startswith("NodeAddr="):
             return field.split("=", 1)[1]
     raise SlurmError(f"scontrol show node {node}: no NodeAddr field")
-
-
-def hostnames(nodelist: str) -> list[str]:
-    """Expand a Slurm node list (``n[1-3],gpu7``) into node names."""
-    return _scontrol("show", "hostnames", nodelist).split()

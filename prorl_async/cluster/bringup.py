@@ -17,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
+from prorl_async._procs import start_time
 from prorl_async.client import RolloutClient
 from prorl_async.cluster.assign import assign
 from prorl_async.cluster.spec import ClusterSpec, LLMEntry, ServerEntry, dump_spec
@@ -104,19 +105,11 @@ def _check_alive(cfg: BringUp) -> None:
             f"was up; last lines of {info['log']}:\n{log_tail(info['log'])}"
         )
     for pid in cfg.watch_pids:
-        if not _pid_alive(pid):
+        if start_time(pid) is None:  # gone (or a zombie)
             logs = sorted((cfg.run_dir / "logs").glob("node-*.log"))
             tails = "\n".join(f"--- {p}:\n{log_tail(p, 10)}" for p in logs)
             msg = f"launcher step (pid {pid}) ended before the deployment was up"
             raise StartupError(f"{msg}\n{tails}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except OSError:
-        return False
 
 
 def _health_url(address: str) -> str:
