@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -27,7 +28,8 @@ async def open_services(services: Services) -> AsyncIterator[Services]:
     runtime_config = msgspec.structs.replace(
         config.sandbox, state_dir=config.state_dir, image=config.sandbox.image or config.image
     )
-    reaped = SandboxRecords(config.state_dir).reap_stale()
+    # Killing and waiting for what a dead server left blocks: not on the event loop.
+    reaped = await asyncio.to_thread(SandboxRecords(config.state_dir).reap_stale)
     if reaped:
         log.warning("reaped %d sandboxes left by a previous run", len(reaped))
     async with AsyncExitStack() as stack:

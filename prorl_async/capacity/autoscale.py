@@ -222,12 +222,12 @@ class Autoscaler:
             x = self.stage_throughput(stage, x_max)
             decision = self._decide(stage, self.desired(stage, x), x)
             if decision is not None:
-                self.pipeline.resize(self._stage(stage), decision.new)
+                self.pipeline.resize(Stage(stage), decision.new)
                 made.append(decision)
         return made
 
     def _decide(self, stage: str, want: int, x: float) -> Decision | None:
-        size = self.pipeline.pools[self._stage(stage)].size
+        size = self.pipeline.pools[Stage(stage)].size
         if want > size:
             self._low_ticks[stage] = 0
             return self._record(stage, size, want, x, "up")
@@ -247,7 +247,3 @@ class Autoscaler:
         reason = f"X={x:.2f} jobs/s * W={w:.3f}s"
         log.debug("autoscale %s: %d -> %d workers (%s)", stage, old, new, reason)
         return Decision(stage, old, new, reason)
-
-    @staticmethod
-    def _stage(name: str) -> Stage:
-        return Stage(name)

@@ -129,11 +129,11 @@ class SandboxBudget:
         self.capacity = capacity
         self._wake()
 
-    def try_acquire(self, *, behind_waiters: bool = True) -> bool:
-        """Take a slot if one is free (and, by default, nobody of the caller's stage or a
-        later one is queued for one)."""
+    def try_acquire(self) -> bool:
+        """Take a slot if one is free, nobody of the caller's stage or a later one is
+        queued for one, and the caller's stage's gate (if any) is open."""
         rank = _rank(CURRENT_STAGE.get())
-        if (behind_waiters and self._ahead(rank)) or not self._admitted(rank, asking=True):
+        if self._ahead(rank) or not self._admitted(rank, asking=True):
             return False
         if self.capacity is not None and self.live >= self.capacity:
             return False

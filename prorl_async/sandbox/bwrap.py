@@ -30,7 +30,12 @@ from functools import cache
 from prorl_async.sandbox.disk import can_mount
 from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.network import netns_pid, start_slirp
-from prorl_async.sandbox.runtime import Runtime, RuntimeUnavailableError, join_cgroup_argv
+from prorl_async.sandbox.runtime import (
+    Runtime,
+    RuntimeUnavailableError,
+    join_cgroup_argv,
+    package_root,
+)
 from prorl_async.sandbox.sandbox import Sandbox
 from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec
 
@@ -120,9 +125,7 @@ def python_roots(python: str, *, never: tuple[str, ...] = ()) -> list[str]:
     bound), and none that contains a path in ``never`` (the home and state directories):
     a checkout run from ``/root`` must not bind ``/root``.
     """
-    import prorl_async
-
-    checkout = os.path.dirname(os.path.dirname(os.path.abspath(prorl_async.__file__)))
+    checkout = package_root()
     real = os.path.realpath(python)
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, checkout,
              os.path.dirname(os.path.dirname(os.path.abspath(python))),
@@ -139,9 +142,7 @@ def python_roots(python: str, *, never: tuple[str, ...] = ()) -> list[str]:
 
 
 def _check_importable(roots: list[str]) -> None:
-    import prorl_async
-
-    package = os.path.realpath(os.path.dirname(prorl_async.__file__))
+    package = os.path.join(package_root(), "prorl_async")
     if not _within(package, (*roots, *_SYSTEM_DIRS)):
         raise RuntimeUnavailableError(
             f"bwrap runtime unavailable: prorl_async ({package}) lives in a directory that holds "

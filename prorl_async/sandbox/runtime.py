@@ -17,6 +17,7 @@ import logging
 import os
 from typing import ClassVar, Protocol
 
+import prorl_async
 from prorl_async.capacity.budget import SandboxBudget
 from prorl_async.sandbox.cgroup import SandboxCgroup, find_cgroup_parents
 from prorl_async.sandbox.disk import can_mount
@@ -39,6 +40,12 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def package_root() -> str:
+    """The directory holding the ``prorl_async`` this server runs (symlinks resolved:
+    what a sandbox binds and imports from must be the same real path)."""
+    return os.path.dirname(os.path.realpath(os.path.dirname(prorl_async.__file__)))
 
 
 class RuntimeUnavailableError(RuntimeError):
@@ -138,9 +145,7 @@ class Runtime(abc.ABC):
         # -P: the workspace (cwd) must not shadow the tool server's own imports.
         if not same_code:
             return [python, "-P", "-m", "prorl_async.toolserver", *args]
-        import prorl_async
-
-        root = os.path.dirname(os.path.dirname(os.path.abspath(prorl_async.__file__)))
+        root = package_root()
         boot = (
             f"import runpy, sys; sys.path.insert(0, {root!r}); "
             "runpy.run_module('prorl_async.toolserver', run_name='__main__', alter_sys=True)"
@@ -186,8 +191,8 @@ class Runtime(abc.ABC):
         if warm is not None:
             return warm
         if not self.budget.try_acquire():
-            if self.warm is not None:
-                await self.warm.evict()
+            if self.warm is not None and self.budget.free == 0:
+                await self.warm.evict()  # only a full budget is worth an idle warm one
             await self.budget.acquire()
         return await self.start_reserved(spec)
 
