@@ -7,6 +7,7 @@ node runs one rollout server bound to its NodeAddr (127.0.0.11..13).
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -260,3 +261,29 @@ def test_job_exit_status_is_the_trainers_and_state_is_node_local(
     assert sorted(p.name for p in state.iterdir()) == [
         f"server-{n}-{i}" for n in ("n1", "n2", "n3") for i in (0, 1)
     ]
+
+
+def test_batch_sigterm_stops_a_compound_trainer_and_its_children(
+    slurm: PrivateSlurm, tmp_path: Path
+) -> None:
+    """The trainer command is ``cd ... && python ...`` whose python ignores SIGTERM: the
+    launcher signals the trainer's whole process group, then kills it after the grace
+    period, so nothing of the job outlives it (before, only the ``bash -c`` got SIGTERM)."""
+    pid_file = tmp_path / "trainer.pid"
+    stubborn = (
+        "import os, signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(600)"
+    )
+    env = {
+        "PRORL_STATE_ROOT": str(tmp_path / "state"),
+        "PRORL_STOP_GRACE_S": "1",
+        "PRORL_TRAINER_CMD": f'cd {tmp_path} && python3 -c "{stubborn}"',
+    }
+    job = submit(slurm, tmp_path, env, "-N", "1")
+    wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", 90, "the trainer runs")
+    slurm.run("scancel", "--batch", "--signal=TERM", job)
+    wait_ended(slurm, job, 60)
+    wait_no_processes(job, 30)
+    out = (tmp_path / "job.out").read_text()
+    assert "stopping the trainer" in out, out
+    assert not os.path.exists(f"/proc/{pid_file.read_text()}"), out
