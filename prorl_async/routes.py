@@ -130,7 +130,7 @@ async def get_job(request: web.Request) -> web.Response:
     job = svc.store.get(job_id)
     if job is not None:
         await svc.wait_any([job], wait)
-    body = svc.store.result(job_id)
+    body = (await svc.store.results([job_id])).get(job_id)
     if body is not None:
         return web.Response(body=body, content_type="application/json")
     status = svc.store.status(job_id)
@@ -156,8 +156,9 @@ async def poll(request: web.Request) -> web.Response:
     if len(live) == len(known):  # nothing finished yet: wait for the first to end
         await svc.wait_any(live, req.wait)
     done, pending = [], []
+    bodies = await store.results(known)
     for job_id in known:
-        body = store.result(job_id)
+        body = bodies.get(job_id)
         if body is None:
             pending.append(job_id)
         else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import msgspec
@@ -26,8 +27,10 @@ class UnfinishedRecord(msgspec.Struct, frozen=True):
 class JobStore(Protocol):
     """Live jobs, terminal result documents for the retention time, cancelled-id tombstones.
 
-    ``get`` returns a live ``Job`` (a store may also return terminal ones); ``status`` and
-    ``result`` answer for every id the store knows, live or terminal.
+    ``get`` returns a live ``Job`` (a store may also return terminal ones); ``status``
+    answers for every id the store knows, live or terminal; ``results`` gives the result
+    documents of those of the ids that are terminal (reading them from disk, if a store
+    must, off the event loop).
     """
 
     kind: str
@@ -35,7 +38,7 @@ class JobStore(Protocol):
     def open(self) -> list[UnfinishedRecord]: ...
     def get(self, job_id: str) -> Job | None: ...
     def status(self, job_id: str) -> str | None: ...
-    def result(self, job_id: str) -> bytes | None: ...
+    async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]: ...
     def add(self, job: Job) -> None: ...
     def finished(self, job: Job) -> None: ...
     def delete(self, job_id: str) -> bool: ...

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 
 from prorl_async.job import Job
 from prorl_async.store._tombstones import Tombstones
@@ -41,9 +42,13 @@ class MemoryJobStore:
         job = self._jobs.get(job_id)
         return None if job is None else job.status
 
-    def result(self, job_id: str) -> bytes | None:
-        job = self._jobs.get(job_id)
-        return None if job is None else job.result
+    async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]:
+        found = {}
+        for job_id in job_ids:
+            job = self._jobs.get(job_id)
+            if job is not None and job.result is not None:
+                found[job_id] = job.result
+        return found
 
     def add(self, job: Job) -> None:
         self._jobs[job.id] = job

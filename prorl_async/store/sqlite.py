@@ -14,6 +14,7 @@ import logging
 import sqlite3
 import time
 from collections import Counter, OrderedDict, deque
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -88,6 +89,7 @@ class SqliteJobStore:
         self._pending: dict[str, bytes] = {}
         self._frozen = False
         self._reader: sqlite3.Connection | None = None
+        self._reading = asyncio.Lock()
         self._writer: Writer | None = None
 
     # -- open and recover ----------------------------------------------------------------------
@@ -148,24 +150,32 @@ class SqliteJobStore:
         done = self._done.get(job_id)
         return None if done is None else done[0]
 
-    def result(self, job_id: str) -> bytes | None:
-        if job_id not in self._done:
-            return None
-        cached = self._cache.get(job_id)
-        if cached is not None:
-            self._cache.move_to_end(job_id)
-            return cached
-        body = self._pending.get(job_id)
-        if body is None:
-            body = self._read(job_id)
-        if body is not None:
-            self._cache_put(job_id, body)
-        return body
-
-    def _read(self, job_id: str) -> bytes | None:
-        assert self._reader is not None
-        row = self._reader.execute("SELECT result FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None or row[0] is None else bytes(row[0])
+    async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]:
+        """From the cache or the write queue; the rest in one read in a worker thread (a
+        read may wait for the disk or for the writer's lock: never on the event loop)."""
+        found: dict[str, bytes] = {}
+        missing = []
+        for job_id in job_ids:
+            if job_id not in self._done:
+                continue
+            body = self._cache.get(job_id)
+            if body is not None:
+                self._cache.move_to_end(job_id)
+            else:
+                body = self._pending.get(job_id)
+            if body is None:
+                missing.append(job_id)
+            else:
+                found[job_id] = body
+        if missing:
+            async with self._reading:  # one thread on the reader connection at a time
+                if self._reader is None:
+                    raise RuntimeError(f"job store {self.path} is not open")
+                read = await asyncio.to_thread(_read_results, self._reader, missing)
+            found.update(read)
+            for job_id, body in read.items():
+                self._cache_put(job_id, body)
+        return found
 
     def is_tombstoned(self, job_id: str) -> bool:
         return job_id in self._tombstones
@@ -251,7 +261,8 @@ class SqliteJobStore:
         writer, self._writer = self._writer, None
         if writer is not None:
             await writer.aclose()
-        reader, self._reader = self._reader, None
+        async with self._reading:  # not under a read in a worker thread
+            reader, self._reader = self._reader, None
         if reader is not None:
             reader.close()
 
@@ -289,6 +300,17 @@ class SqliteJobStore:
         while self._cache_bytes > self.cache_limit:
             _, evicted = self._cache.popitem(last=False)
             self._cache_bytes -= len(evicted)
+
+
+def _read_results(conn: sqlite3.Connection, job_ids: list[str]) -> dict[str, bytes]:
+    """Stored result documents of ``job_ids`` (those that have one), in chunks of 500."""
+    found: dict[str, bytes] = {}
+    for i in range(0, len(job_ids), 500):
+        chunk = job_ids[i : i + 500]
+        marks = ",".join("?" * len(chunk))
+        sql = f"SELECT id, result FROM jobs WHERE id IN ({marks}) AND result IS NOT NULL"
+        found.update((job_id, bytes(body)) for job_id, body in conn.execute(sql, chunk))
+    return found
 
 
 def _connect(path: Path) -> sqlite3.Connection:
