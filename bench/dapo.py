@@ -42,7 +42,7 @@ from bench._server import server
 from prorl_async.client import RolloutClient
 from prorl_async.scripted_llm.server import ScriptedLLM
 from prorl_async.trainer import RolloutManager, nonzero_std
-from prorl_async.trainer.group import Group
+from prorl_async.trainer.group import Group, active_seconds
 
 
 @dataclass
@@ -57,7 +57,7 @@ class Outcome:
 
     def returned(self, batch: list[Group]) -> None:
         self.groups += len(batch)
-        self.returned_s.extend(_active(r) for g in batch for r in g.results)
+        self.returned_s.extend(active_seconds(r) for g in batch for r in g.results)
 
     @property
     def mean_s(self) -> float:
@@ -79,10 +79,6 @@ def prompts(pass_rate: float, n: int, run_s: float, sigma: float, seed: int) -> 
         outcome = "random" if mixed else ("right" if i % 2 else "wrong")
         instance = {"outcome": outcome, "seed": seed * 1_000_003 + i, "run_s": run_s}
         yield {"task": "planted", "instance": {**instance, "sigma": sigma}}
-
-
-def _active(result: dict[str, Any]) -> float:
-    return float((result.get("timing") or {}).get("active_s") or 0.0)
 
 
 # -- (a) batch by batch --------------------------------------------------------------------
@@ -136,7 +132,7 @@ async def batch_by_batch(urls: list[str], args: argparse.Namespace, pass_rate: f
                         out.filtered_tokens += group.tokens
             for group in kept[args.batch_groups :]:  # veRL truncates to the train batch
                 out.waste_tokens += group.tokens
-                out.waste_s += sum(_active(r) for r in group.results)
+                out.waste_s += sum(active_seconds(r) for r in group.results)
             out.returned(kept[: args.batch_groups])
             await asyncio.sleep(args.train_s)
         out.seconds = time.monotonic() - start

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import math
+from statistics import NormalDist
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -67,19 +68,7 @@ def planted_reward(inst: PlantedInstance, sample_key: str) -> float:
 def run_seconds(inst: PlantedInstance, sample_key: str) -> float:
     """Lognormal RUN time of one sample: median ``run_s``, shape ``sigma``."""
     u = min(max(unit(inst.seed, sample_key, "latency"), 1e-9), 1 - 1e-9)
-    return inst.run_s * math.exp(inst.sigma * _normal_quantile(u))
-
-
-def _normal_quantile(u: float) -> float:
-    # inverse of the standard normal CDF by bisection on erf: exact enough, no numpy
-    lo, hi = -9.0, 9.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if 0.5 * (1 + math.erf(mid / math.sqrt(2))) < u:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    return inst.run_s * math.exp(inst.sigma * NormalDist().inv_cdf(u))
 
 
 def sample_key(job: Job) -> str:
@@ -111,11 +100,12 @@ class PlantedHandler(AgentHandler):
         inst: PlantedInstance = job.instance
         if inst.hang:
             await asyncio.Event().wait()
-        seconds = run_seconds(inst, sample_key(job))
+        key = sample_key(job)
+        seconds = run_seconds(inst, key)
         if seconds > 0:
             await asyncio.sleep(seconds)
         if inst.llm:
-            messages = [{"role": "user", "content": f"Planted task {sample_key(job)}."}]
+            messages = [{"role": "user", "content": f"Planted task {key}."}]
             await run_agent(job, messages=messages, tools=_NoTools(), max_turns=1)
 
     async def eval(self, job: Job) -> None:

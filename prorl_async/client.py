@@ -163,6 +163,10 @@ class RolloutClient:
 
     # -- server ----------------------------------------------------------------------------
 
+    async def healthz(self) -> None:
+        """``GET /healthz``: returns if the server is alive, raises otherwise."""
+        await self._call("GET", "/healthz")
+
     async def status(self) -> dict[str, Any]:
         _, out = await self._call("GET", "/status")
         return dict(out)

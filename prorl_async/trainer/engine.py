@@ -11,11 +11,12 @@ import math
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from prorl_async.trainer.errors import TrainerError
 from prorl_async.trainer.filters import GroupFilter
-from prorl_async.trainer.group import Group, generated_tokens, weight_versions
+from prorl_async.trainer.group import Group, active_seconds, generated_tokens, weight_versions
 from prorl_async.trainer.metrics import ManagerMetrics
 from prorl_async.trainer.registry import GroupState, Registry, Sample
 from prorl_async.trainer.retry import Backoff, classify_result, transport_class
@@ -25,25 +26,16 @@ from prorl_async.trainer.staleness import Staleness
 __all__ = ["Engine", "Settings", "result_cost"]
 
 
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     """The knobs the engine needs (validated by the manager)."""
 
-    def __init__(
-        self,
-        *,
-        group_size: int,
-        batch_groups: int,
-        max_inflight_groups: int,
-        group_filter: GroupFilter,
-        max_infra_retries: int,
-        carry: bool = True,
-    ) -> None:
-        self.group_size = group_size
-        self.batch_groups = batch_groups
-        self.max_inflight_groups = max_inflight_groups
-        self.group_filter = group_filter
-        self.max_infra_retries = max_infra_retries
-        self.carry = carry
+    group_size: int
+    batch_groups: int
+    max_inflight_groups: int
+    group_filter: GroupFilter
+    max_infra_retries: int
+    carry: bool = True
 
 
 class Engine:
@@ -73,6 +65,8 @@ class Engine:
         self.hungry = True
         self.error: BaseException | None = None
         self.wake = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None  # wakes dispatch after a backoff
+        self._timer_at = 0.0
         self.progress = asyncio.Event()
         self.last_result = time.monotonic()
 
@@ -140,8 +134,21 @@ class Engine:
             plan.setdefault(server.url, []).append(sample)
         self.reg.pending = waiting
         if earliest is not None:
-            asyncio.get_running_loop().call_later(earliest - now, self.wake.set)
+            self._wake_at(earliest, now)
         await asyncio.gather(*(self._submit(self.pool.servers[u], s) for u, s in plan.items()))
+
+    def _wake_at(self, when: float, now: float) -> None:
+        """Wake the feed loop at ``when`` (monotonic): one timer, moved only earlier."""
+        if self._timer is not None:
+            if self._timer_at <= when:
+                return  # the pending timer fires first anyway
+            self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(when - now, self._timer_fired)
+        self._timer_at = when
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self.wake.set()
 
     def _server_for(self, sample: Sample) -> ServerState | None:
         if sample.pin is None:
@@ -254,7 +261,7 @@ class Engine:
     def _waste_results(self, group: GroupState, cause: str) -> None:
         for result in group.results:
             if result is not None:
-                self.metrics.waste(cause, generated_tokens(result), _active_s(result))
+                self.metrics.waste(cause, generated_tokens(result), active_seconds(result))
 
     # -- results -----------------------------------------------------------------------
 
@@ -338,9 +345,19 @@ class Engine:
         self.accepted += 1
         self.reg.release(group.prompt_uid)
 
-    def take_live(self) -> list[tuple[GroupState, list[Sample]]]:
-        """Remove every unfinished group (for ``on_batch_full="cancel"`` and close)."""
-        return [(g, self._drop_live(g)) for g in list(self.reg.groups.values())]
+    def cancel_live(self) -> tuple[list[GroupState], dict[str, str]]:
+        """Remove every unfinished group (for ``on_batch_full="cancel"`` and close).
+
+        Their finished results count as ``cancelled`` waste; returns the groups and
+        ``{job_id: server_url}`` of the samples to cancel on the servers.
+        """
+        groups = list(self.reg.groups.values())
+        ids: dict[str, str] = {}
+        for group in groups:
+            self.metrics.cancelled += 1
+            self._waste_results(group, "cancelled")
+            ids.update({s.job_id: s.server for s in self._drop_live(group) if s.server})
+        return groups, ids
 
 
 def _checked_job(job: Any, uid: str) -> dict[str, Any]:
@@ -357,14 +374,8 @@ def _checked_job(job: Any, uid: str) -> dict[str, Any]:
 
 def result_cost(result: dict[str, Any]) -> tuple[int, float]:
     """(generated tokens, active seconds) a result cost."""
-    return generated_tokens(result), _active_s(result)
-
-
-def _active_s(result: dict[str, Any]) -> float:
-    timing = result.get("timing") or {}
-    value = timing.get("active_s") if isinstance(timing, dict) else None
-    return float(value) if isinstance(value, int | float) else 0.0
+    return generated_tokens(result), active_seconds(result)
 
 
 def _group_s(group: Group) -> float:
-    return sum(_active_s(r) for r in group.results)
+    return sum(active_seconds(r) for r in group.results)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Group", "generated_tokens", "weight_versions"]
+__all__ = ["Group", "active_seconds", "generated_tokens", "weight_versions"]
 
 
 def weight_versions(result: dict[str, Any]) -> list[int]:
@@ -24,6 +24,13 @@ def generated_tokens(result: dict[str, Any]) -> int:
     if isinstance(mask, list):
         return int(sum(1 for m in mask if m))
     return 0
+
+
+def active_seconds(result: dict[str, Any]) -> float:
+    """Seconds a result's job was actively worked on (``timing.active_s``; 0 if absent)."""
+    timing = result.get("timing") or {}
+    value = timing.get("active_s") if isinstance(timing, dict) else None
+    return float(value) if isinstance(value, int | float) else 0.0
 
 
 @dataclass

@@ -22,7 +22,7 @@ from prorl_async.trainer.group import Group
 from prorl_async.trainer.poller import PollHandlers, poll_loop
 from prorl_async.trainer.progress import Progress
 from prorl_async.trainer.retry import transport_class
-from prorl_async.trainer.servers import QUARANTINE_AFTER, ServerPool, ServerState
+from prorl_async.trainer.servers import ServerPool, ServerState
 from prorl_async.trainer.staleness import Staleness
 from prorl_async.trainer.watchdog import cancel_on_servers, expired_groups, stall_report
 
@@ -75,7 +75,6 @@ class RolloutManager:
             group_filter=resolve_filter(group_filter), max_infra_retries=max_infra_retries,
             carry=on_batch_full == "carry",
         )  # fmt: skip
-        self.on_batch_full = on_batch_full
         self.run_id = run_id or uuid.uuid4().hex[:10]
         self.sample_deadline_s = sample_deadline_s
         self.stall_timeout_s = stall_timeout_s
@@ -139,8 +138,7 @@ class RolloutManager:
 
     async def _cancel_everything(self) -> None:
         assert self._engine is not None
-        live = self._engine.take_live()
-        ids = {s.job_id: s.server for _, samples in live for s in samples if s.server}
+        _, ids = self._engine.cancel_live()
         for server in self._engine.pool:
             ids.update(dict.fromkeys(server.orphans, server.url))
             server.orphans.clear()
@@ -159,8 +157,8 @@ class RolloutManager:
             if transport_class(exc) is None:
                 raise TrainerError(f"{url}: /status failed: {exc}") from exc
             log.warning("rollout server %s is unreachable (%s); quarantined", url, exc)
-            server.failures = QUARANTINE_AFTER - 1
-            server.transport_failed()
+            server.stats.errors += 1
+            server.quarantine()
             return server
         server.capacity = int((status.get("workers") or {}).get("run") or DEFAULT_CAPACITY)
         return server
@@ -201,8 +199,7 @@ class RolloutManager:
                 engine.fail_group(group, "deadline")
 
     async def _recovered(self, server: ServerState) -> None:
-        server.quarantined = False
-        server.failures = 0
+        server.recover()
         if self._backends is not None and self._staleness.current is not None:
             await self._push_weights(server, self._staleness.current, self._backends)
         self._require().wake.set()
@@ -220,7 +217,7 @@ class RolloutManager:
             engine.wake.set()
             await self._wait_progress(engine, start)
             self._draw()
-        if self.on_batch_full == "cancel":
+        if not self.settings.carry:
             engine.hungry = False
             await self._cancel_unfinished(engine)
         engine.metrics.batch_fill_s.append(time.monotonic() - start)
@@ -295,16 +292,10 @@ class RolloutManager:
             raise RolloutStalled(report["message"], report) from None
 
     async def _cancel_unfinished(self, engine: Engine) -> None:
-        live = engine.take_live()
-        for group, _ in live:
-            engine.metrics.cancelled += 1
-            for result in group.results:
-                if result is not None:
-                    engine.metrics.waste("cancelled", *result_cost(result))
-        ids = {s.job_id: s.server for _, samples in live for s in samples if s.server}
+        groups, ids = engine.cancel_live()
         for result in await cancel_on_servers(engine.pool, ids):
             engine.metrics.waste("cancelled", *result_cost(result))
-        for group, _ in live:
+        for group in groups:
             engine.reg.release(group.uid)
 
     async def _push_weights(self, server: ServerState, version: int, addresses: list[str]) -> None:

@@ -100,7 +100,7 @@ async def _probe(server: ServerState, backoff: Backoff) -> None:
         tries += 1
         await asyncio.sleep(backoff.delay(tries))
         try:
-            await server.client._call("GET", "/healthz")  # no public helper for it
+            await server.client.healthz()
         except Exception as exc:
             if transport_class(exc) is None:
                 raise

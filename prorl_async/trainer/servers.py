@@ -49,10 +49,20 @@ class ServerState:
         self.failures += 1
         self.stats.errors += 1
         if self.failures >= QUARANTINE_AFTER and not self.quarantined:
-            self.quarantined = True
-            self.stats.quarantines += 1
+            self.quarantine()
             return True
         return False
+
+    def quarantine(self) -> None:
+        """Take the server out of rotation until a ``/healthz`` probe answers."""
+        self.failures = max(self.failures, QUARANTINE_AFTER)
+        self.quarantined = True
+        self.stats.quarantines += 1
+
+    def recover(self) -> None:
+        """Back in rotation with a clean failure streak."""
+        self.quarantined = False
+        self.failures = 0
 
     def transport_ok(self) -> None:
         self.failures = 0
