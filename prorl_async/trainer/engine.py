@@ -65,8 +65,6 @@ class Engine:
         self.hungry = True
         self.error: BaseException | None = None
         self.wake = asyncio.Event()
-        self._timer: asyncio.TimerHandle | None = None  # wakes dispatch after a backoff
-        self._timer_at = 0.0
         self.progress = asyncio.Event()
         self.last_result = time.monotonic()
 
@@ -134,21 +132,8 @@ class Engine:
             plan.setdefault(server.url, []).append(sample)
         self.reg.pending = waiting
         if earliest is not None:
-            self._wake_at(earliest, now)
+            asyncio.get_running_loop().call_later(earliest - now, self.wake.set)
         await asyncio.gather(*(self._submit(self.pool.servers[u], s) for u, s in plan.items()))
-
-    def _wake_at(self, when: float, now: float) -> None:
-        """Wake the feed loop at ``when`` (monotonic): one timer, moved only earlier."""
-        if self._timer is not None:
-            if self._timer_at <= when:
-                return  # the pending timer fires first anyway
-            self._timer.cancel()
-        self._timer = asyncio.get_running_loop().call_later(when - now, self._timer_fired)
-        self._timer_at = when
-
-    def _timer_fired(self) -> None:
-        self._timer = None
-        self.wake.set()
 
     def _server_for(self, sample: Sample) -> ServerState | None:
         if sample.pin is None:
