@@ -43,11 +43,11 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from prorl_async.app import run_server  # noqa: E402
+from prorl_async.api.app import run_server  # noqa: E402
 from prorl_async.capacity import default_max_sandboxes  # noqa: E402
 from prorl_async.client import RolloutClient  # noqa: E402
 from prorl_async.config import load_config  # noqa: E402
-from prorl_async.handler import HandlerRegistry  # noqa: E402
+from prorl_async.core.handler import HandlerRegistry  # noqa: E402
 from prorl_async.sandbox import SandboxLimits  # noqa: E402
 from tests.capacity.budgeted import BudgetedHandler  # noqa: E402
 

@@ -1,7 +1,7 @@
 """How often would a text round trip change a trajectory's token ids? (versus 0 for ours)
 
 Builds random multi-turn trajectories by running the real agent loop
-(``prorl_async.agent_loop.run_agent_loop``) against a generator test double that returns
+(``prorl_async.llm.agent_loop.run_agent_loop``) against a generator test double that returns
 chosen ids, then compares the buffer the loop built with:
 
 - what the double was actually asked and answered (ours: must be identical, 0 drift);
@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prorl_async import _train_tokenizer as corpus
-from prorl_async.agent_loop import FINISH_TOOL_SPEC, Trajectory, run_agent_loop
-from prorl_async.generation import Generation
-from prorl_async.tokenizer import ChatTokenizer, load_tokenizer
+from prorl_async.demo import train_tokenizer as corpus
+from prorl_async.llm.agent_loop import FINISH_TOOL_SPEC, Trajectory, run_agent_loop
+from prorl_async.llm.generation import Generation
+from prorl_async.llm.tokenizer import ChatTokenizer, load_tokenizer
 
 KINDS = ("canonical", "split", "random")
 TOOL_SPECS = [

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import msgspec
 import uvloop
 
-from prorl_async.backends import Backend, BackendPool, Picker, PoolConfig, least_inflight
+from prorl_async.llm.pool import Backend, BackendPool, Picker, PoolConfig, least_inflight
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 
 BACKENDS = 4

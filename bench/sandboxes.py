@@ -19,8 +19,8 @@ from pathlib import Path
 
 import uvloop
 
-from prorl_async._procs import descendants
 from prorl_async.sandbox import RuntimeConfig, SandboxSpec, bwrap_problem, get_runtime
+from prorl_async.util.procs import descendants
 
 ROUNDS = 20
 CONCURRENT = 64

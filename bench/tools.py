@@ -30,7 +30,7 @@ from pathlib import Path
 
 import uvloop
 
-from prorl_async.toolclient import ToolClient
+from prorl_async.toolserver.client import ToolClient
 from prorl_async.toolserver.kernel import IpcKernel
 from prorl_async.toolserver.shell import PtyShell
 

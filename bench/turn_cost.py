@@ -1,6 +1,6 @@
 """Per-turn service cost: appending one observation at 1k, 8k and 32k tokens of context.
 
-Runs the real agent loop (``prorl_async.agent_loop.run_agent_loop``) with a generator test
+Runs the real agent loop (``prorl_async.llm.agent_loop.run_agent_loop``) with a generator test
 double that answers at once with a short tool call, and times the service side of each turn:
 from the moment the double's reply is returned to the moment the loop asks it again (decode the
 reply, parse the call, run the (instant) tool double, tokenize the observation segment, extend
@@ -22,10 +22,10 @@ import statistics
 import time
 from typing import Any
 
-from prorl_async import _train_tokenizer as corpus
-from prorl_async.agent_loop import FINISH_TOOL_SPEC, Trajectory, run_agent_loop
-from prorl_async.generation import Generation
-from prorl_async.tokenizer import ChatTokenizer, load_tokenizer
+from prorl_async.demo import train_tokenizer as corpus
+from prorl_async.llm.agent_loop import FINISH_TOOL_SPEC, Trajectory, run_agent_loop
+from prorl_async.llm.generation import Generation
+from prorl_async.llm.tokenizer import ChatTokenizer, load_tokenizer
 
 SIZES = (1024, 8192, 32768)
 TURNS = 4

@@ -12,9 +12,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from prorl_async.agent_task import SandboxTools, run_agent, start_sandbox
-from prorl_async.handler import AgentHandler, InstanceError
-from prorl_async.job import Job
+from prorl_async import AgentHandler, InstanceError, Job, SandboxTools, run_agent, start_sandbox
 from prorl_async.sandbox import SandboxSpec
 
 SYSTEM = "You work in a Linux sandbox. Use the tools, then call finish."

@@ -23,8 +23,15 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from prorl_async.agent_loop import Trajectory
-from prorl_async.agent_task import SandboxTools, run_agent, start_sandbox
+from prorl_async import (
+    AgentHandler,
+    InstanceError,
+    Job,
+    SandboxTools,
+    Trajectory,
+    run_agent,
+    start_sandbox,
+)
 from prorl_async.grading.code import (
     REPORT_MARKER,
     StdioCase,
@@ -35,8 +42,6 @@ from prorl_async.grading.code import (
     extract_solution,
     outputs_match,
 )
-from prorl_async.handler import AgentHandler, InstanceError
-from prorl_async.job import Job
 from prorl_async.sandbox import Runtime, Sandbox, SandboxLimits, SandboxSpec
 
 __all__ = [

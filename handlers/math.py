@@ -18,11 +18,16 @@ from typing import Annotated, Any
 
 import msgspec
 
-from prorl_async.agent_loop import Trajectory
-from prorl_async.agent_task import SandboxTools, run_agent, start_sandbox
+from prorl_async import (
+    AgentHandler,
+    InstanceError,
+    Job,
+    SandboxTools,
+    Trajectory,
+    run_agent,
+    start_sandbox,
+)
 from prorl_async.grading.math import extract_answer, grade, normalize, reference_answer
-from prorl_async.handler import AgentHandler, InstanceError
-from prorl_async.job import Job
 from prorl_async.sandbox import SandboxSpec
 
 __all__ = ["MathHandler", "MathInstance", "grade_trajectory", "last_assistant_text"]

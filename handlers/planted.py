@@ -27,9 +27,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from prorl_async.agent_task import run_agent
-from prorl_async.handler import AgentHandler
-from prorl_async.job import Job
+from prorl_async import AgentHandler, Job, run_agent
 
 __all__ = ["PlantedHandler", "PlantedInstance", "planted_reward", "unit"]
 

@@ -16,10 +16,16 @@ from typing import Annotated, Any
 
 import msgspec
 
-from prorl_async.agent_task import MODEL_TOOLS, SandboxTools, run_agent, start_sandbox
+from prorl_async import (
+    MODEL_TOOLS,
+    AgentHandler,
+    InstanceError,
+    Job,
+    SandboxTools,
+    run_agent,
+    start_sandbox,
+)
 from prorl_async.config import ServerConfig
-from prorl_async.handler import AgentHandler, InstanceError
-from prorl_async.job import Job
 from prorl_async.sandbox import SandboxSpec, SpecError
 
 DEFAULT_SYSTEM = (

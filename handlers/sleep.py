@@ -7,8 +7,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from prorl_async.handler import AgentHandler
-from prorl_async.job import Job
+from prorl_async import AgentHandler, Job
 
 NonNeg = Annotated[float, msgspec.Meta(ge=0)]
 

@@ -39,9 +39,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from prorl_async.agent_task import SandboxTools, run_agent, start_sandbox
-from prorl_async.handler import AgentHandler, InstanceError
-from prorl_async.job import Job
+from prorl_async import AgentHandler, InstanceError, Job, SandboxTools, run_agent, start_sandbox
 from prorl_async.sandbox import Sandbox, SandboxSpec, SpecError
 from prorl_async.sandbox.spec import check_relative_path
 

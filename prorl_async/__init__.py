@@ -9,34 +9,36 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from prorl_async.util.version import __version__
 
 _EXPORTS = {
-    "AgentHandler": "prorl_async.handler",
-    "HandlerRegistry": "prorl_async.handler",
-    "InstanceError": "prorl_async.handler",
-    "Job": "prorl_async.job",
-    "PausableTimer": "prorl_async.timer",
+    "AgentHandler": "prorl_async.core.handler",
+    "HandlerRegistry": "prorl_async.core.handler",
+    "InstanceError": "prorl_async.core.handler",
+    "Job": "prorl_async.core.job",
+    "PausableTimer": "prorl_async.util.timer",
     "ServerConfig": "prorl_async.config",
     "load_config": "prorl_async.config",
     "RolloutClient": "prorl_async.client",
-    "build_app": "prorl_async.app",
-    "run_server": "prorl_async.app",
-    "BackendPool": "prorl_async.backends",
-    "BackendError": "prorl_async.backends",
-    "PoolConfig": "prorl_async.backends",
-    "Generation": "prorl_async.generation",
-    "ChatTokenizer": "prorl_async.tokenizer",
-    "load_tokenizer": "prorl_async.tokenizer",
-    "Trajectory": "prorl_async.agent_loop",
-    "ToolBox": "prorl_async.agent_loop",
-    "run_agent_loop": "prorl_async.agent_loop",
-    "SandboxTools": "prorl_async.agent_task",
-    "run_agent": "prorl_async.agent_task",
-    "start_sandbox": "prorl_async.agent_task",
+    "build_app": "prorl_async.api.app",
+    "run_server": "prorl_async.api.app",
+    "BackendPool": "prorl_async.llm.pool",
+    "BackendError": "prorl_async.llm.pool",
+    "PoolConfig": "prorl_async.llm.pool",
+    "Generation": "prorl_async.llm.generation",
+    "ChatTokenizer": "prorl_async.llm.tokenizer",
+    "load_tokenizer": "prorl_async.llm.tokenizer",
+    "Trajectory": "prorl_async.llm.agent_loop",
+    "ToolBox": "prorl_async.llm.agent_loop",
+    "run_agent_loop": "prorl_async.llm.agent_loop",
+    "MODEL_TOOLS": "prorl_async.core.agent",
+    "SandboxTools": "prorl_async.core.agent",
+    "run_agent": "prorl_async.core.agent",
+    "start_sandbox": "prorl_async.core.agent",
 }
 
 __all__ = [
+    "MODEL_TOOLS",
     "AgentHandler",
     "BackendError",
     "BackendPool",
@@ -63,17 +65,17 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from prorl_async.agent_loop import ToolBox, Trajectory, run_agent_loop
-    from prorl_async.agent_task import SandboxTools, run_agent, start_sandbox
-    from prorl_async.app import build_app, run_server
-    from prorl_async.backends import BackendError, BackendPool, PoolConfig
+    from prorl_async.api.app import build_app, run_server
     from prorl_async.client import RolloutClient
     from prorl_async.config import ServerConfig, load_config
-    from prorl_async.generation import Generation
-    from prorl_async.handler import AgentHandler, HandlerRegistry, InstanceError
-    from prorl_async.job import Job
-    from prorl_async.timer import PausableTimer
-    from prorl_async.tokenizer import ChatTokenizer, load_tokenizer
+    from prorl_async.core.agent import MODEL_TOOLS, SandboxTools, run_agent, start_sandbox
+    from prorl_async.core.handler import AgentHandler, HandlerRegistry, InstanceError
+    from prorl_async.core.job import Job
+    from prorl_async.llm.agent_loop import ToolBox, Trajectory, run_agent_loop
+    from prorl_async.llm.generation import Generation
+    from prorl_async.llm.pool import BackendError, BackendPool, PoolConfig
+    from prorl_async.llm.tokenizer import ChatTokenizer, load_tokenizer
+    from prorl_async.util.timer import PausableTimer
 
 
 def __getattr__(name: str) -> Any:

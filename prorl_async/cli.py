@@ -58,7 +58,7 @@ def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from prorl_async.server import serve
+    from prorl_async.api.serve import serve
 
     try:
         # Every serve flag is a ServerConfig field of the same name (None: not given).
@@ -96,7 +96,7 @@ def _delegate(command: str, rest: list[str]) -> int:
 
     module = {
         "scripted-llm": "prorl_async.scripted_llm",
-        "build-image": "prorl_async.images",
+        "build-image": "prorl_async.sandbox.images",
         "demo": "prorl_async.demo",
         "cluster": "prorl_async.cluster._cli",
         "collect": "prorl_async.trainer.collect",

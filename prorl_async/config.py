@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from prorl_async.backends import PoolConfig
 from prorl_async.capacity.autoscale import AutoscaleConfig
+from prorl_async.llm.pool import PoolConfig
 from prorl_async.sandbox.limits import SandboxLimits
 from prorl_async.sandbox.spec import RuntimeConfig, SpecError
 

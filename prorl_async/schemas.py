@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -23,10 +24,21 @@ __all__ = [
     "StoreInfo",
     "ResultDoc",
     "StagePoolInfo",
+    "Stage",
     "StatusResponse",
     "Timing",
     "WorkersRequest",
 ]
+
+
+class Stage(enum.StrEnum):
+    """The three stages a job passes; their names key ``/status``, ``/workers`` and
+    ``error.stage``."""
+
+    INIT = "init"
+    RUN = "run"
+    EVAL = "eval"
+
 
 JobId = Annotated[
     str,

@@ -17,13 +17,14 @@ from prorl_async.capacity.autoscale import Autoscaler
 from prorl_async.capacity.budget import SandboxBudget
 from prorl_async.capacity.view import CapacityView
 from prorl_async.config import ServerConfig
-from prorl_async.errors import Unavailable, Unprocessable
-from prorl_async.handler import AgentHandler, HandlerRegistry, InstanceError
-from prorl_async.job import Job, Stage
-from prorl_async.metrics import LiveState, Metrics
-from prorl_async.pipeline import Pipeline
-from prorl_async.recovery import recover
-from prorl_async.sampling import SamplingParamsError, check_sampling_params
+from prorl_async.core.errors import Unavailable, Unprocessable
+from prorl_async.core.handler import AgentHandler, HandlerRegistry, InstanceError
+from prorl_async.core.job import Job, Stage
+from prorl_async.core.metrics import LiveState, Metrics
+from prorl_async.core.pipeline import Pipeline
+from prorl_async.core.recovery import recover
+from prorl_async.core.services import Services
+from prorl_async.llm.sampling import SamplingParamsError, check_sampling_params
 from prorl_async.schemas import (
     BackendInfo,
     CancelResponse,
@@ -31,7 +32,6 @@ from prorl_async.schemas import (
     StatusResponse,
     WorkersRequest,
 )
-from prorl_async.services import Services
 from prorl_async.store import JobStore, MemoryJobStore, SqliteJobStore, StateDirLock, set_aside
 
 __all__ = ["RolloutService"]

@@ -9,7 +9,7 @@ import pytest
 import uvloop
 from tokenizers import Tokenizer
 
-from prorl_async.tokenizer import ChatTokenizer, load_tokenizer
+from prorl_async.llm.tokenizer import ChatTokenizer, load_tokenizer
 from tests.proctree import cmdline, descendants
 
 

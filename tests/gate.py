@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from prorl_async.handler import AgentHandler
-from prorl_async.job import Job
+from prorl_async.core.handler import AgentHandler
+from prorl_async.core.job import Job
 
 
 class GateHandler(AgentHandler):

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from prorl_async.app import run_server
+from prorl_async.api.app import run_server
+from prorl_async.api.routes import SERVICE
 from prorl_async.client import RolloutClient
 from prorl_async.config import load_config
-from prorl_async.handler import HandlerRegistry
-from prorl_async.routes import SERVICE
+from prorl_async.core.handler import HandlerRegistry
 from prorl_async.service import RolloutService
 from tests.gate import GateHandler
 

@@ -15,7 +15,7 @@ import pytest
 import prorl_async
 from prorl_async.demo import DemoPolicy, generate_tasks, main
 from prorl_async.demo.summary import COLUMNS, summary_rows
-from prorl_async.sandbox.runtime import get_runtime
+from prorl_async.sandbox import get_runtime
 from prorl_async.scripted_llm import ScriptedLLM
 from tests.conftest import require
 from tests.proctree import descendants

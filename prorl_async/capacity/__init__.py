@@ -1,5 +1,9 @@
-"""Stage capacity that follows the load: sandbox budget, resizable pools, JIT INIT,
-warm sandboxes and the autoscaler."""
+"""Stage capacity that follows the load: the sandbox budget, resizable worker pools,
+just-in-time INIT, stage statistics and the autoscaler.
+
+A lower room than ``core`` and ``sandbox`` (the pipeline and the runtimes use these
+pieces); the parts that look at the pipeline or a runtime (``autoscale``, ``view``)
+declare ``Protocol``s of what they read. Warm sandboxes are ``sandbox.WarmPool``."""
 
 from __future__ import annotations
 
@@ -7,7 +11,6 @@ from prorl_async.capacity.autoscale import AutoscaleConfig, Autoscaler, Decision
 from prorl_async.capacity.budget import SandboxBudget, default_max_sandboxes, total_memory_bytes
 from prorl_async.capacity.jit import JitGate, run_queue_target
 from prorl_async.capacity.stats import Ewma, Pulse, RateMeter, StageStats
-from prorl_async.capacity.warm import WarmPool
 from prorl_async.capacity.workers import WorkerPool
 
 __all__ = [
@@ -20,7 +23,6 @@ __all__ = [
     "RateMeter",
     "SandboxBudget",
     "StageStats",
-    "WarmPool",
     "WorkerPool",
     "default_max_sandboxes",
     "run_queue_target",

@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from prorl_async.job import Stage
+from prorl_async.schemas import Stage
 
 if TYPE_CHECKING:
     from prorl_async.capacity.budget import SandboxBudget
-    from prorl_async.pipeline import Pipeline
+    from prorl_async.capacity.protocols import StagedPipeline
 
 __all__ = ["AutoscaleConfig", "Autoscaler", "Decision"]
 
@@ -92,7 +92,7 @@ class Autoscaler:
 
     def __init__(
         self,
-        pipeline: Pipeline,
+        pipeline: StagedPipeline,
         budget: Callable[[], SandboxBudget | None],
         config: AutoscaleConfig,
     ) -> None:

@@ -27,13 +27,10 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prorl_async.capacity.stats import CURRENT_STAGE, STAGE_SLOTS
-from prorl_async.timer import current_timer
-
-if TYPE_CHECKING:
-    from prorl_async.sandbox.limits import SandboxLimits
+from prorl_async.util.timer import current_timer
 
 __all__ = ["SandboxBudget", "default_max_sandboxes", "total_memory_bytes"]
 
@@ -55,7 +52,14 @@ def total_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def default_max_sandboxes(limits: SandboxLimits, memory: int | None = None) -> int:
+class MemoryLimited(Protocol):
+    """Per-sandbox limits as the budget reads them (``sandbox.SandboxLimits``)."""
+
+    @property
+    def memory_bytes(self) -> int | None: ...
+
+
+def default_max_sandboxes(limits: MemoryLimited, memory: int | None = None) -> int:
     """As many sandboxes as fit in memory at the per-sandbox memory limit, at least 8.
 
     Without a memory limit a sandbox is assumed to need 1 GiB.

@@ -12,8 +12,7 @@ from prorl_async.schemas import BudgetInfo, StagePoolInfo
 
 if TYPE_CHECKING:
     from prorl_async.capacity.autoscale import Autoscaler
-    from prorl_async.pipeline import Pipeline
-    from prorl_async.sandbox.runtime import Runtime
+    from prorl_async.capacity.protocols import BudgetedRuntime, StagedPipeline
 
 __all__ = ["CapacityView"]
 
@@ -23,8 +22,8 @@ class CapacityView(Collector):
 
     def __init__(
         self,
-        pipeline: Pipeline,
-        runtime: Callable[[], Runtime | None],
+        pipeline: StagedPipeline,
+        runtime: Callable[[], BudgetedRuntime | None],
         autoscaler: Autoscaler | None,
     ) -> None:
         self.pipeline = pipeline

@@ -17,10 +17,10 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from prorl_async._procs import start_time
 from prorl_async.client import RolloutClient
 from prorl_async.cluster.assign import assign
 from prorl_async.cluster.spec import ClusterSpec, LLMEntry, ServerEntry, dump_spec
+from prorl_async.util.procs import start_time
 
 __all__ = ["BringUp", "StartupError", "bring_up", "log_tail", "token_from_env"]
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import msgspec
 
-from prorl_async._resource import AsyncResource
+from prorl_async.util.resource import AsyncResource
 
 __all__ = [
     "Child",

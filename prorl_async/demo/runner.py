@@ -16,13 +16,13 @@ from typing import IO, Any, TextIO
 
 import msgspec
 
-from prorl_async.app import run_server
+from prorl_async.api.app import run_server
+from prorl_async.api.routes import SERVICE
 from prorl_async.client import RolloutClient
 from prorl_async.config import load_config
 from prorl_async.demo.policy import DemoPolicy
 from prorl_async.demo.progress import Progress
 from prorl_async.demo.tasks import DemoTask, generate_tasks
-from prorl_async.routes import SERVICE
 from prorl_async.scripted_llm import ScriptedLLM
 
 __all__ = ["DemoOptions", "DemoRun", "run_demo"]

@@ -9,18 +9,15 @@ from __future__ import annotations
 
 from prorl_async.sandbox.apptainer import ApptainerRuntime
 from prorl_async.sandbox.bwrap import BwrapRuntime, bwrap_problem, find_bwrap
+from prorl_async.sandbox.factory import get_runtime
 from prorl_async.sandbox.limits import LimitsError, SandboxLimits, describe_enforcement
 from prorl_async.sandbox.local import LocalRuntime
 from prorl_async.sandbox.loopback import LoopbackAllocator, LoopbackExhaustedError, LoopbackLease
 from prorl_async.sandbox.records import SandboxRecord, SandboxRecords
-from prorl_async.sandbox.runtime import (
-    Runtime,
-    RuntimeUnavailableError,
-    SandboxStartError,
-    get_runtime,
-)
+from prorl_async.sandbox.runtime import Runtime, RuntimeUnavailableError, SandboxStartError
 from prorl_async.sandbox.sandbox import Sandbox
 from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec, SpecError
+from prorl_async.sandbox.warm import WarmPool
 
 __all__ = [
     "ApptainerRuntime",
@@ -40,6 +37,7 @@ __all__ = [
     "SandboxSpec",
     "SandboxStartError",
     "SpecError",
+    "WarmPool",
     "bwrap_problem",
     "describe_enforcement",
     "find_bwrap",

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from prorl_async._procs import kill_all, wait_exited
+from prorl_async.util.procs import kill_all, wait_exited
 
 __all__ = ["CgroupParents", "SandboxCgroup", "find_cgroup_parents", "find_pids_parent"]
 

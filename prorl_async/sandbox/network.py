@@ -15,7 +15,7 @@ import asyncio
 import os
 import shutil
 
-from prorl_async._procs import descendants
+from prorl_async.util.procs import descendants
 
 __all__ = ["NetworkError", "find_slirp4netns", "netns_pid", "start_slirp"]
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import msgspec
 
-from prorl_async._procs import descendants, kill_all, start_time
 from prorl_async.sandbox.disk import remove_tree
 from prorl_async.sandbox.loopback import LoopbackAllocator
+from prorl_async.util.procs import descendants, kill_all, start_time
 
 __all__ = ["SandboxRecord", "SandboxRecords"]
 

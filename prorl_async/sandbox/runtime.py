@@ -17,7 +17,6 @@ import logging
 import os
 from typing import ClassVar, Protocol
 
-import prorl_async
 from prorl_async.capacity.budget import SandboxBudget
 from prorl_async.sandbox.cgroup import SandboxCgroup, find_cgroup_parents
 from prorl_async.sandbox.disk import can_mount
@@ -27,25 +26,26 @@ from prorl_async.sandbox.loopback import LoopbackAllocator, LoopbackLease
 from prorl_async.sandbox.records import SandboxRecords
 from prorl_async.sandbox.sandbox import Sandbox
 from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec, SpecError
-from prorl_async.toolclient import ToolClient
+from prorl_async.toolserver.client import ToolClient
 
 __all__ = [
     "Runtime",
     "RuntimeUnavailableError",
     "SandboxStartError",
-    "get_runtime",
     "join_cgroup_argv",
 ]
 
 log = logging.getLogger(__name__)
 
+# prorl_async/ (this file is prorl_async/sandbox/runtime.py).
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BASE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 def package_root() -> str:
     """The directory holding the ``prorl_async`` this server runs (symlinks resolved:
     what a sandbox binds and imports from must be the same real path)."""
-    return os.path.dirname(os.path.realpath(os.path.dirname(prorl_async.__file__)))
+    return os.path.dirname(os.path.realpath(_PACKAGE_DIR))
 
 
 class RuntimeUnavailableError(RuntimeError):
@@ -57,7 +57,7 @@ class SandboxStartError(RuntimeError):
 
 
 class WarmSource(Protocol):
-    """Pre-started sandboxes a start may take instead of starting one (``capacity.WarmPool``)."""
+    """Pre-started sandboxes a start may take instead of starting one (``sandbox.WarmPool``)."""
 
     @property
     def ready(self) -> int: ...
@@ -324,28 +324,3 @@ def join_cgroup_argv(sb: Sandbox) -> list[str]:
     files = [str(f) for f in sb.cgroup.procs_files]
     join = " && ".join(f'echo $$ > "${i + 1}"' for i in range(len(files)))
     return ["/bin/sh", "-c", f'{join} && shift {len(files)} && exec "$@"', "sh", *files]
-
-
-def get_runtime(name: str, config: RuntimeConfig | None = None) -> Runtime:
-    """``bwrap``, ``apptainer``, ``local`` or ``auto`` (bwrap where it works, else local)."""
-    from prorl_async.sandbox.apptainer import ApptainerRuntime
-    from prorl_async.sandbox.bwrap import BwrapRuntime, bwrap_problem
-    from prorl_async.sandbox.local import LocalRuntime
-
-    config = config if config is not None else RuntimeConfig()
-    if name == "auto":
-        problem = bwrap_problem(config.bwrap)
-        if problem is None:
-            return BwrapRuntime(config)
-        log.warning("runtime auto: bwrap unusable (%s); falling back to the local runtime", problem)
-        return LocalRuntime(config)
-    kinds: dict[str, type[Runtime]] = {
-        "bwrap": BwrapRuntime,
-        "apptainer": ApptainerRuntime,
-        "local": LocalRuntime,
-    }
-    if name not in kinds:
-        raise ValueError(
-            f"runtime: unknown runtime {name!r}; choose bwrap, apptainer, local or auto"
-        )
-    return kinds[name](config)

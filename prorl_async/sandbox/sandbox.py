@@ -20,15 +20,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prorl_async._procs import descendants, kill_all, start_time, wait_exited
-from prorl_async._resource import AsyncResource
 from prorl_async.sandbox.cgroup import SandboxCgroup
 from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.limits import SandboxLimits
 from prorl_async.sandbox.loopback import LoopbackLease
 from prorl_async.sandbox.records import SandboxRecords
 from prorl_async.sandbox.spec import check_relative_path
-from prorl_async.toolclient import ExecResult, ToolClient, ToolResult, ToolServerError
+from prorl_async.toolserver.client import ExecResult, ToolClient, ToolResult, ToolServerError
+from prorl_async.util.procs import descendants, kill_all, start_time, wait_exited
+from prorl_async.util.resource import AsyncResource
 
 __all__ = ["Sandbox"]
 

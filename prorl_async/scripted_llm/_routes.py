@@ -3,22 +3,43 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import msgspec
 from aiohttp import web
+from tokenizers import Tokenizer
 
+from prorl_async.scripted_llm.faults import Faults
+from prorl_async.scripted_llm.latency import Decoder, Stats
 from prorl_async.scripted_llm.records import LogEntry, Reply
 
-if TYPE_CHECKING:
-    from prorl_async.scripted_llm.server import ScriptedLLM
+__all__ = ["ScriptedEngine", "build_app"]
 
-__all__ = ["build_app"]
 
-_LLM: web.AppKey[ScriptedLLM] = web.AppKey("scripted_llm")
+class ScriptedEngine(Protocol):
+    """What the routes use of the engine they serve (``server.ScriptedLLM``)."""
+
+    tokenizer: Tokenizer
+    im_end: int
+    model: str
+    legacy_vllm: bool
+    log: list[LogEntry]
+    stats: Stats
+    rng: random.Random
+    decoder: Decoder
+    faults: Faults
+    killed: asyncio.Event
+
+    def respond(self, prompt_ids: list[int], max_tokens: int) -> Reply: ...
+    async def arrive(self, entry: LogEntry) -> None: ...
+
+
+_LLM: web.AppKey[ScriptedEngine] = web.AppKey("scripted_llm")
 
 
 class BadRequest(Exception):
@@ -33,7 +54,7 @@ class _Request(msgspec.Struct, frozen=True):
     return_token_ids: bool = False
 
 
-def build_app(llm: ScriptedLLM) -> web.Application:
+def build_app(llm: ScriptedEngine) -> web.Application:
     """The aiohttp application serving ``llm``."""
     app = web.Application()
     app[_LLM] = llm
@@ -81,7 +102,7 @@ def _positive(value: Any, field: str) -> int:
     return value
 
 
-def _parse_vllm(llm: ScriptedLLM, body: dict[str, Any]) -> _Request:
+def _parse_vllm(llm: ScriptedEngine, body: dict[str, Any]) -> _Request:
     if body.get("model") != llm.model:
         raise LookupError(f"The model `{body.get('model')}` does not exist.")
     if body.get("stream"):
@@ -98,7 +119,7 @@ def _parse_vllm(llm: ScriptedLLM, body: dict[str, Any]) -> _Request:
     )
 
 
-def _parse_sglang(llm: ScriptedLLM, body: dict[str, Any]) -> _Request:
+def _parse_sglang(llm: ScriptedEngine, body: dict[str, Any]) -> _Request:
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise BadRequest("'sampling_params' must be an object")
@@ -109,7 +130,7 @@ def _parse_sglang(llm: ScriptedLLM, body: dict[str, Any]) -> _Request:
     )
 
 
-def _render_vllm(llm: ScriptedLLM, req: _Request, reply: Reply) -> dict[str, Any]:
+def _render_vllm(llm: ScriptedEngine, req: _Request, reply: Reply) -> dict[str, Any]:
     choice: dict[str, Any] = {
         "index": 0,
         "text": reply.text,
@@ -143,7 +164,7 @@ def _render_vllm(llm: ScriptedLLM, req: _Request, reply: Reply) -> dict[str, Any
     }
 
 
-def _render_sglang(llm: ScriptedLLM, req: _Request, reply: Reply) -> dict[str, Any]:
+def _render_sglang(llm: ScriptedEngine, req: _Request, reply: Reply) -> dict[str, Any]:
     if reply.finish_reason == "stop":
         finish: dict[str, Any] = {"type": "stop", "matched": llm.im_end}
     else:
@@ -161,8 +182,8 @@ def _render_sglang(llm: ScriptedLLM, req: _Request, reply: Reply) -> dict[str, A
     return {"text": reply.text, "output_ids": reply.token_ids, "meta_info": meta}
 
 
-_Parse = Callable[["ScriptedLLM", dict[str, Any]], _Request]
-_Render = Callable[["ScriptedLLM", _Request, Reply], dict[str, Any]]
+_Parse = Callable[["ScriptedEngine", dict[str, Any]], _Request]
+_Render = Callable[["ScriptedEngine", _Request, Reply], dict[str, Any]]
 
 
 def _generation(parse: _Parse, render: _Render) -> Callable[[web.Request], Awaitable[Any]]:
@@ -181,7 +202,7 @@ def _generation(parse: _Parse, render: _Render) -> Callable[[web.Request], Await
 
 
 async def _serve(
-    llm: ScriptedLLM, request: web.Request, entry: LogEntry, parse: _Parse, render: _Render
+    llm: ScriptedEngine, request: web.Request, entry: LogEntry, parse: _Parse, render: _Render
 ) -> web.StreamResponse:
     outcome = llm.faults.outcome(llm.rng)
     if outcome in ("hang", "drop"):

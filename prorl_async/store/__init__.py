@@ -1,6 +1,6 @@
 """Job records behind one interface: in memory, or durable in SQLite (the default)."""
 
-from prorl_async.store.base import JobStore, StoreStats, UnfinishedRecord
+from prorl_async.core.jobstore import JobStore, StoreStats, UnfinishedRecord
 from prorl_async.store.memory import MemoryJobStore
 from prorl_async.store.sqlite import SqliteJobStore, StoreError
 from prorl_async.store.statedir import StateDirBusy, StateDirLock, set_aside

@@ -9,9 +9,9 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 
-from prorl_async.job import Job
+from prorl_async.core.job import Job
+from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
 from prorl_async.store._tombstones import Tombstones
-from prorl_async.store.base import StoreStats, UnfinishedRecord
 
 __all__ = ["MemoryJobStore"]
 

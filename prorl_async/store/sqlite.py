@@ -19,10 +19,10 @@ from pathlib import Path
 
 import msgspec
 
-from prorl_async.job import Job
+from prorl_async.core.job import Job
+from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
 from prorl_async.store._tombstones import Tombstones
 from prorl_async.store._writer import Writer
-from prorl_async.store.base import StoreStats, UnfinishedRecord
 
 __all__ = ["StoreError", "SqliteJobStore"]
 

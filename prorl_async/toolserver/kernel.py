@@ -19,10 +19,10 @@ from typing import Any
 
 import msgspec
 
-from prorl_async._procs import kill_tree
-from prorl_async._resource import AsyncResource
 from prorl_async.toolserver._base import ToolError, ToolOutput, parse_args
 from prorl_async.toolserver._text import CappedText, strip_ansi
+from prorl_async.util.procs import kill_tree
+from prorl_async.util.resource import AsyncResource
 
 __all__ = ["IpcKernel", "PythonTool"]
 

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from prorl_async._resource import AsyncResource
 from prorl_async.toolserver._base import ToolError, ToolOutput
 from prorl_async.toolserver.bash import BashTool
 from prorl_async.toolserver.editor import EditorTool
@@ -33,6 +32,7 @@ from prorl_async.toolserver.protocol import (
     read_frame,
     request_id_of,
 )
+from prorl_async.util.resource import AsyncResource
 
 __all__ = ["ToolServer"]
 

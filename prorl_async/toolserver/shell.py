@@ -20,9 +20,9 @@ from pathlib import Path
 
 from ptyprocess import PtyProcess
 
-from prorl_async._procs import kill_tree
-from prorl_async._resource import AsyncResource
 from prorl_async.toolserver._text import CappedText
+from prorl_async.util.procs import kill_tree
+from prorl_async.util.resource import AsyncResource
 
 __all__ = ["PtyShell", "ShellDied", "Sentinel"]
 

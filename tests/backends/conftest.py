@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from prorl_async.backends import BackendPool, PoolConfig
+from prorl_async.llm.pool import BackendPool, PoolConfig
 from prorl_async.scripted_llm import ScriptedLLM
 
 StartLLM = Callable[..., Awaitable[ScriptedLLM]]

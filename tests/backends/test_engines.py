@@ -8,8 +8,7 @@ import re
 import aiohttp
 import pytest
 
-from prorl_async.backends import BackendError, BackendPool
-from prorl_async.engines import (
+from prorl_async.llm.engines import (
     LOGPROB_FLOOR,
     EngineRejected,
     MalformedResponse,
@@ -20,6 +19,7 @@ from prorl_async.engines import (
     parse_vllm,
     server_root,
 )
+from prorl_async.llm.pool import BackendError, BackendPool
 from prorl_async.scripted_llm import ScriptedLLM
 from tests.backends.conftest import StartLLM
 

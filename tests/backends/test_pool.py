@@ -7,9 +7,9 @@ import contextlib
 
 import pytest
 
-from prorl_async.backends import BackendError, BackendPool, Lease, PoolConfig
+from prorl_async.llm.pool import BackendError, BackendPool, Lease, PoolConfig
 from prorl_async.scripted_llm import LatencyModel
-from prorl_async.timer import PausableTimer
+from prorl_async.util.timer import PausableTimer
 from tests.backends.conftest import FAST, StartLLM
 
 PROMPT = [1, 2, 3, 4]

@@ -12,8 +12,8 @@ from typing import Annotated
 import msgspec
 
 from prorl_async.capacity import SandboxBudget
-from prorl_async.handler import AgentHandler
-from prorl_async.job import Job
+from prorl_async.core.handler import AgentHandler
+from prorl_async.core.job import Job
 
 NonNeg = Annotated[float, msgspec.Meta(ge=0)]
 

@@ -11,8 +11,8 @@ import pytest
 
 from prorl_async.capacity import AutoscaleConfig, Autoscaler, SandboxBudget
 from prorl_async.config import ConfigError, load_config
-from prorl_async.job import Stage
-from prorl_async.pipeline import Pipeline
+from prorl_async.core.job import Stage
+from prorl_async.core.pipeline import Pipeline
 from prorl_async.store import MemoryJobStore
 from tests.capacity.budgeted import BudgetedHandler
 from tests.capacity.test_budget import scrape

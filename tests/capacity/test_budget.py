@@ -12,7 +12,7 @@ from prorl_async.capacity import SandboxBudget, default_max_sandboxes
 from prorl_async.capacity.stats import CURRENT_STAGE
 from prorl_async.sandbox import SandboxLimits
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
-from prorl_async.timer import PausableTimer, current_timer
+from prorl_async.util.timer import PausableTimer, current_timer
 from tests.handlers.policies import require_bwrap
 from tests.serverutil import ServerFactory, eventually
 

@@ -58,7 +58,7 @@ async def test_resize_up_and_down_under_load_never_cancels(
 
 
 def _run():  # type: ignore[no-untyped-def]
-    from prorl_async.job import Stage
+    from prorl_async.core.job import Stage
 
     return Stage.RUN
 

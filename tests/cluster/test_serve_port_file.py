@@ -9,7 +9,7 @@ from pathlib import Path
 
 import aiohttp
 
-from prorl_async.server import write_port_file
+from prorl_async.api.serve import write_port_file
 from tests.serverutil import eventually
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
-from prorl_async.app import CONNECTIONS
+from prorl_async.api.app import CONNECTIONS
 from prorl_async.client import RolloutClient
 from prorl_async.scripted_llm import ScriptedLLM
 from tests.conftest import require

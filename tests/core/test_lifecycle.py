@@ -19,7 +19,7 @@ from tests.serverutil import server_process
 
 PLUGIN = '''
 import asyncio
-from prorl_async.handler import AgentHandler
+from prorl_async.core.handler import AgentHandler
 
 
 class HoldHandler(AgentHandler):

@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from handlers.sleep import SleepHandler
-from prorl_async.app import run_server
+from prorl_async.api.app import run_server
 from prorl_async.config import load_config
-from prorl_async.handler import HandlerRegistry
+from prorl_async.core.handler import HandlerRegistry
 from tests.gate import GateHandler
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")

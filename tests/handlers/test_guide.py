@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from prorl_async.client import UnprocessableError
-from prorl_async.handler import AgentHandler, HandlerRegistry
+from prorl_async.core.handler import AgentHandler, HandlerRegistry
 from tests.handlers.policies import CodeWriter, assert_nothing_live, finished, serve
 from tests.serverutil import Server, ServerFactory
 

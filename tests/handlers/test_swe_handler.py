@@ -14,9 +14,8 @@ import pytest
 
 from handlers.swe import SweHandler, parse_test_outcomes
 from prorl_async.client import UnprocessableError
-from prorl_async.job import Job
-from prorl_async.sandbox import RuntimeConfig, Sandbox, SandboxSpec
-from prorl_async.sandbox.runtime import get_runtime
+from prorl_async.core.job import Job
+from prorl_async.sandbox import RuntimeConfig, Sandbox, SandboxSpec, get_runtime
 from prorl_async.scripted_llm import ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
 from tests.conftest import require

@@ -9,10 +9,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from prorl_async.agent_loop import FINISH_TOOL_SPEC, TokenDriftError, Trajectory, run_agent_loop
-from prorl_async.generation import Generation
-from prorl_async.tokenizer import ChatTokenizer
-from prorl_async.toolcalls import ToolCallError
+from prorl_async.llm.agent_loop import FINISH_TOOL_SPEC, TokenDriftError, Trajectory, run_agent_loop
+from prorl_async.llm.generation import Generation
+from prorl_async.llm.tokenizer import ChatTokenizer
+from prorl_async.llm.toolcalls import ToolCallError
 from tests.qwen import byte_chars
 
 MESSAGES = [{"role": "user", "content": "How many files are in the folder?"}]

@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 from tokenizers import Tokenizer
 
-from prorl_async.agent_loop import FINISH_TOOL_SPEC, Trajectory, run_agent_loop
-from prorl_async.engines import EngineApi, complete, fetch_model
-from prorl_async.generation import Generation
+from prorl_async.llm.agent_loop import FINISH_TOOL_SPEC, Trajectory, run_agent_loop
+from prorl_async.llm.engines import EngineApi, complete, fetch_model
+from prorl_async.llm.generation import Generation
+from prorl_async.llm.tokenizer import ChatTokenizer
 from prorl_async.scripted_llm import ScriptedLLM
-from prorl_async.tokenizer import ChatTokenizer
 
 
 class EngineGenerator:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from prorl_async.chat_template import ChatTemplate, TemplateError
-from prorl_async.tokenizer import load_tokenizer
+from prorl_async.llm.chat_template import ChatTemplate, TemplateError
+from prorl_async.llm.tokenizer import load_tokenizer
 
 TOOLS = [
     {

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import tests.qwen as qwen
-from prorl_async.tokenizer import ChatTokenizer
+from prorl_async.llm.tokenizer import ChatTokenizer
 
 ROOT = Path(__file__).resolve().parents[2]
 MIXED = [

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from prorl_async.chat_template import ChatTemplate
-from prorl_async.tokenizer import (
+from prorl_async.llm.chat_template import ChatTemplate
+from prorl_async.llm.tokenizer import (
     BUNDLED_TOKENIZER_DIR,
     ChatTokenizer,
     TemplateNotPrefixStableError,

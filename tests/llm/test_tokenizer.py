@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import tokenizers
 
-from prorl_async import _train_tokenizer
-from prorl_async.tokenizer import BUNDLED_TOKENIZER_DIR, TokenizerError, load_tokenizer
+from prorl_async.demo import train_tokenizer
+from prorl_async.llm.tokenizer import BUNDLED_TOKENIZER_DIR, TokenizerError, load_tokenizer
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TOOL_TAGS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
@@ -50,7 +50,7 @@ def test_bundled_round_trip_of_plain_text() -> None:
 
 
 def test_training_script_reproduces_bundled_files(tmp_path: Path) -> None:
-    _train_tokenizer.main([str(tmp_path)])
+    train_tokenizer.main([str(tmp_path)])
     fresh, bundled = tmp_path, BUNDLED_TOKENIZER_DIR
     config = "tokenizer_config.json"
     assert (fresh / config).read_bytes() == (bundled / config).read_bytes()

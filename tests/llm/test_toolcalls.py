@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prorl_async.toolcalls import MalformedToolCall, ToolCall, parse_tool_calls
+from prorl_async.llm.toolcalls import MalformedToolCall, ToolCall, parse_tool_calls
 
 
 def test_several_calls_in_order() -> None:

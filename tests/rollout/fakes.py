@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from prorl_async.agent_loop import FINISH_TOOL_SPEC
-from prorl_async.agent_task import TOOL_SPECS, run_agent
-from prorl_async.handler import AgentHandler
-from prorl_async.job import Job
+from prorl_async.core.agent import TOOL_SPECS, run_agent
+from prorl_async.core.handler import AgentHandler
+from prorl_async.core.job import Job
+from prorl_async.llm.agent_loop import FINISH_TOOL_SPEC
+from prorl_async.llm.toolcalls import ToolCallError
 from prorl_async.scripted_llm.policies import tool_call
-from prorl_async.toolcalls import ToolCallError
 
 
 class FakeTools:

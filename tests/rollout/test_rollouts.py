@@ -7,9 +7,9 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from prorl_async.llm.tokenizer import ChatTokenizer
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
-from prorl_async.tokenizer import ChatTokenizer
 from tests.rollout.fakes import CUT_REPLY, FINISH_REPLY, MultibytePolicy, ToolUseHandler
 from tests.serverutil import Server, ServerFactory, eventually
 

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from prorl_async._procs import start_time
 from prorl_async.sandbox import (
     BwrapRuntime,
     LocalRuntime,
     RuntimeConfig,
     bwrap_problem,
 )
+from prorl_async.util.procs import start_time
 from tests.conftest import require
 
 DOUBLES = Path(__file__).resolve().parent.parent / "doubles"

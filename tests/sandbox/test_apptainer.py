@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from prorl_async._procs import descendants
 from prorl_async.sandbox import (
     ApptainerRuntime,
     RuntimeConfig,
@@ -22,6 +21,7 @@ from prorl_async.sandbox import (
     SpecError,
     bwrap_problem,
 )
+from prorl_async.util.procs import descendants
 from tests.conftest import require
 from tests.sandbox.conftest import snapshot, still_running
 

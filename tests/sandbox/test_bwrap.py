@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from prorl_async._procs import descendants
 from prorl_async.sandbox import (
     BwrapRuntime,
     RuntimeConfig,
@@ -17,7 +16,8 @@ from prorl_async.sandbox import (
     SandboxStartError,
     SpecError,
 )
-from prorl_async.toolclient import ToolServerError
+from prorl_async.toolserver.client import ToolServerError
+from prorl_async.util.procs import descendants
 from tests.sandbox.conftest import snapshot, still_running
 
 MiB = 1 << 20

@@ -13,9 +13,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from prorl_async._procs import descendants
 from prorl_async.sandbox import BwrapRuntime, RuntimeConfig, SandboxLimits, SandboxSpec
 from prorl_async.sandbox.disk import can_mount
+from prorl_async.util.procs import descendants
 from tests.conftest import require
 
 MiB = 1 << 20

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from prorl_async import images
-from prorl_async.images import ImageError, build_image, render
+from prorl_async.sandbox import images
+from prorl_async.sandbox.images import ImageError, build_image, render
 
 
 def _builds(log: Path) -> list[list[str]]:

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from prorl_async._procs import descendants, kill_all, wait_exited
 from prorl_async.sandbox import (
     BwrapRuntime,
     LocalRuntime,
@@ -19,6 +18,7 @@ from prorl_async.sandbox import (
     get_runtime,
 )
 from prorl_async.sandbox.layout import Layout
+from prorl_async.util.procs import descendants, kill_all, wait_exited
 from tests.sandbox.conftest import snapshot, still_running
 
 # Starts `sleep` in a new session with no inherited fds, records its pid and exits at once.

@@ -7,9 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from prorl_async._procs import start_time, wait_exited
 from prorl_async.sandbox import SandboxRecords
 from prorl_async.sandbox.cgroup import find_cgroup_parents
+from prorl_async.util.procs import start_time, wait_exited
 from tests.conftest import require
 
 # A "server" that starts a sandbox-like process in its own session, records it, and crashes.

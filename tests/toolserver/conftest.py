@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from prorl_async.toolclient import ToolClient
+from prorl_async.toolserver.client import ToolClient
 
 
 class RunningServer:

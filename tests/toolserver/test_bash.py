@@ -6,7 +6,7 @@ import asyncio
 import time
 from pathlib import Path
 
-from prorl_async.toolclient import ToolClient
+from prorl_async.toolserver.client import ToolClient
 from tests.proctree import cmdline, descendants
 from tests.toolserver.conftest import run_server
 

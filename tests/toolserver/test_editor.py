@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from prorl_async.toolclient import ToolClient
 from prorl_async.toolserver._base import ToolError
+from prorl_async.toolserver.client import ToolClient
 from prorl_async.toolserver.editor import EditorTool
 
 

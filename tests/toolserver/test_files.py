@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from prorl_async.toolclient import ToolClient, ToolServerError
+from prorl_async.toolserver.client import ToolClient, ToolServerError
 from tests.proctree import descendants
 from tests.toolserver.conftest import RunningServer
 

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from prorl_async.toolclient import ToolClient
+from prorl_async.toolserver.client import ToolClient
 from tests.toolserver.conftest import run_server
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from prorl_async.toolclient import ToolClient, ToolServerError, ToolTimeoutError
+from prorl_async.toolserver.client import ToolClient, ToolServerError, ToolTimeoutError
 from prorl_async.toolserver.protocol import Request, Response, encode_frame, read_frame
 from tests.toolserver.conftest import RunningServer, run_server
 

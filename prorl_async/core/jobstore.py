@@ -1,4 +1,5 @@
-"""The interface every job store offers the pipeline, the service and the routes."""
+"""The job-store interface the pipeline, the service and the routes use (here, beside
+the pipeline; ``store/`` implements it in memory and in SQLite)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Protocol
 
 import msgspec
 
-from prorl_async.job import Job
+from prorl_async.core.job import Job
 from prorl_async.schemas import StoreInfo
 
 # What ``/status`` and ``/metrics`` report about the store.

@@ -3,29 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import time
 from contextlib import AsyncExitStack
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
-from prorl_async.schemas import ErrorInfo, ProcessRequest
-from prorl_async.timer import PausableTimer
+from prorl_async.schemas import ErrorInfo, ProcessRequest, Stage
+from prorl_async.util.timer import PausableTimer
 
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
-    from prorl_async.handler import AgentHandler
-    from prorl_async.services import Services
+    from prorl_async.core.services import Services
 
-__all__ = ["TERMINAL", "Job", "Stage", "TrajectoryLike"]
+__all__ = ["TERMINAL", "Job", "Stage", "TaskHandler", "TrajectoryLike"]
 
 T = TypeVar("T")
-
-
-class Stage(enum.StrEnum):
-    INIT = "init"
-    RUN = "run"
-    EVAL = "eval"
 
 
 TERMINAL = frozenset({"done", "failed", "cancelled", "timed_out"})
@@ -37,6 +29,21 @@ class TrajectoryLike(Protocol):
     def to_result(self) -> dict[str, Any]: ...
 
 
+class TaskHandler(Protocol):
+    """What the pipeline asks of a job's handler (``core.handler.AgentHandler`` is the
+    interface task plugins implement; declared here so ``job`` need not import it)."""
+
+    name: ClassVar[str]
+
+    async def init(self, job: Job) -> None: ...
+    async def run(self, job: Job) -> None: ...
+    async def eval(self, job: Job) -> None: ...
+    def init_exception(self, job: Job, exc: BaseException) -> None: ...
+    def run_exception(self, job: Job, exc: BaseException) -> None: ...
+    def eval_exception(self, job: Job, exc: BaseException) -> None: ...
+    def final_result(self, job: Job) -> dict[str, Any]: ...
+
+
 class Job:
     """Mutable state of one rollout. Handlers read ``instance`` and write ``reward``,
     ``eval``, ``trajectory`` and ``state``; the pipeline owns everything else."""
@@ -46,7 +53,7 @@ class Job:
         *,
         job_id: str,
         task: str,
-        handler: AgentHandler,
+        handler: TaskHandler,
         instance: Any,
         sampling_params: dict[str, Any],
         timeout_s: float,

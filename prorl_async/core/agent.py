@@ -12,13 +12,13 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from prorl_async.agent_loop import FINISH_TOOL_SPEC, ToolBox, Trajectory, run_agent_loop
+from prorl_async.llm.agent_loop import FINISH_TOOL_SPEC, ToolBox, Trajectory, run_agent_loop
+from prorl_async.llm.toolcalls import ToolCallError
 from prorl_async.sandbox import Sandbox, SandboxSpec
-from prorl_async.toolcalls import ToolCallError
-from prorl_async.toolclient import ToolServerError
+from prorl_async.toolserver.client import ToolServerError
 
 if TYPE_CHECKING:
-    from prorl_async.job import Job
+    from prorl_async.core.job import Job
 
 __all__ = ["MODEL_TOOLS", "TOOL_SPECS", "SandboxTools", "run_agent", "start_sandbox"]
 

@@ -19,10 +19,10 @@ from typing import Any, Protocol
 from prorl_async.capacity.jit import JitGate
 from prorl_async.capacity.stats import CURRENT_STAGE, STAGE_SLOTS, Pulse, StageStats
 from prorl_async.capacity.workers import WorkerPool
-from prorl_async.job import Job, Stage
-from prorl_async.result import encode_result
+from prorl_async.core.job import Job, Stage
+from prorl_async.core.jobstore import JobStore
+from prorl_async.core.result import encode_result
 from prorl_async.schemas import ErrorInfo
-from prorl_async.store import JobStore
 
 __all__ = ["Pipeline", "PipelineObserver"]
 

@@ -18,7 +18,6 @@ from typing import Any
 
 import msgspec
 
-from prorl_async._resource import AsyncResource
 from prorl_async.toolserver.protocol import (
     FrameError,
     Request,
@@ -27,6 +26,7 @@ from prorl_async.toolserver.protocol import (
     encode_frame,
     read_frame,
 )
+from prorl_async.util.resource import AsyncResource
 
 __all__ = [
     "ExecResult",

@@ -1,7 +1,7 @@
 """Clients for the LLM inference engines (vLLM, SGLang), token ids in and token ids out.
 
 Each client sends one completion request over a shared ``aiohttp.ClientSession`` and
-parses the answer into a :class:`~prorl_async.generation.Generation`. No text ever goes
+parses the answer into a :class:`~prorl_async.llm.generation.Generation`. No text ever goes
 through a tokenizer here: the prompt is sent as token ids and the engine's own output
 ids and logprobs come back unchanged (apart from clamping, below).
 
@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from prorl_async.generation import Generation
+from prorl_async.llm.generation import Generation
 
 __all__ = [
     "LOGPROB_FLOOR",

@@ -1,6 +1,6 @@
 """One LLM backend, the lease a job holds on it, and the routing rule.
 
-The pool that owns backends and hands out leases is in ``backends.py``.
+The pool that owns backends and hands out leases is in ``pool.py``.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import msgspec
 
-from prorl_async.engines import EngineApi
-from prorl_async.generation import Generation
-from prorl_async.timer import PausableTimer
+from prorl_async.llm.engines import EngineApi
+from prorl_async.llm.generation import Generation
+from prorl_async.util.timer import PausableTimer
 
 __all__ = [
     "Backend",

@@ -9,7 +9,8 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
-from prorl_async.errors import (
+from prorl_async.api.openapi import openapi_document
+from prorl_async.core.errors import (
     BadRequest,
     NotFound,
     PayloadTooLarge,
@@ -17,7 +18,6 @@ from prorl_async.errors import (
     Unavailable,
     Unprocessable,
 )
-from prorl_async.openapi import openapi_document
 from prorl_async.schemas import (
     AddLLMServerRequest,
     BatchRequest,

@@ -1,6 +1,6 @@
 """Train the bundled demo tokenizer (``prorl_async/assets/tokenizer/``), reproducibly.
 
-Run ``python -m prorl_async._train_tokenizer [OUT_DIR]``. The corpus is generated here from a
+Run ``python -m prorl_async.demo.train_tokenizer [OUT_DIR]``. The corpus is generated here from a
 fixed seed (English-like prose, maths, JSON, Python, shell and ChatML conversations with tool
 calls rendered through the bundled chat template) plus this file's own source; nothing is
 downloaded, so the same script and ``tokenizers`` version give byte-identical files.
@@ -17,7 +17,7 @@ from pathlib import Path
 import tokenizers
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from prorl_async.chat_template import ChatTemplate
+from prorl_async.llm.chat_template import ChatTemplate
 
 __all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "VOCAB_SIZE", "build_corpus", "train", "main"]
 
@@ -108,7 +108,7 @@ tool calls. It exists so that demos and tests can run token-in/token-out rollout
 downloading anything. **It is a demo tokenizer, not for real training**: point the server at
 your model's own tokenizer directory for that.
 
-- Trained by `python -m prorl_async._train_tokenizer` on text that script generates from a fixed
+- Trained by `python -m prorl_async.demo.train_tokenizer` on text that script generates from a fixed
   seed (English-like prose, maths, JSON, Python, shell, tool-call conversations) plus its own
   source. Deterministic: re-running it with `tokenizers` {version} (the version these files
   were made with) reproduces them byte for byte.
@@ -372,7 +372,7 @@ def tokenizer_config() -> dict[str, object]:
 def main(argv: list[str] | None = None) -> None:
     """Train and write the tokenizer directory (default: the bundled assets folder)."""
     args = sys.argv[1:] if argv is None else argv
-    out = Path(args[0]) if args else Path(__file__).parent / "assets" / "tokenizer"
+    out = Path(args[0]) if args else Path(__file__).parents[1] / "assets" / "tokenizer"
     out.mkdir(parents=True, exist_ok=True)
     tok = train()
     (out / "tokenizer.json").write_text(tok.to_str(pretty=False) + "\n", encoding="utf-8")

@@ -1,4 +1,5 @@
-"""Setting up the app-wide services: tokenizer, LLM backend pool, sandbox runtime."""
+"""App-wide services a handler may use through ``job.services``, and setting them up:
+tokenizer, LLM backend pool, sandbox runtime (with its budget and warm sandboxes)."""
 
 from __future__ import annotations
 
@@ -9,15 +10,31 @@ from contextlib import AsyncExitStack, asynccontextmanager
 
 import msgspec
 
-from prorl_async.backends import BackendPool
-from prorl_async.capacity import WarmPool, default_max_sandboxes
-from prorl_async.sandbox import SandboxRecords, SandboxSpec, get_runtime
-from prorl_async.services import Services
-from prorl_async.tokenizer import load_tokenizer
+from prorl_async.capacity import default_max_sandboxes
+from prorl_async.config import ServerConfig
+from prorl_async.core.metrics import Metrics
+from prorl_async.llm.pool import BackendPool
+from prorl_async.llm.tokenizer import ChatTokenizer, load_tokenizer
+from prorl_async.sandbox import Runtime, SandboxRecords, SandboxSpec, WarmPool, get_runtime
 
-__all__ = ["open_services"]
+__all__ = ["Services", "open_services"]
 
 log = logging.getLogger(__name__)
+
+
+class Services:
+    """Shared resources set up once per server (see ``open_services``).
+
+    ``pool`` is the LLM backend pool, ``runtime`` the sandbox runtime and
+    ``tokenizer`` the chat tokenizer; each is ``None`` until the server sets it up.
+    """
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.pool: BackendPool | None = None
+        self.runtime: Runtime | None = None
+        self.tokenizer: ChatTokenizer | None = None
+        self.metrics: Metrics | None = None
 
 
 @asynccontextmanager

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from prorl_async.job import Job, Stage
+from prorl_async.core.job import Job, Stage
 
 __all__ = ["encode_result", "timing"]
 

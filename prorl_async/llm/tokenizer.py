@@ -17,7 +17,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from prorl_async.chat_template import ChatTemplate, TemplateError
+from prorl_async.llm.chat_template import ChatTemplate, TemplateError
 
 __all__ = [
     "BUNDLED_TOKENIZER_DIR",
@@ -27,7 +27,7 @@ __all__ = [
     "load_tokenizer",
 ]
 
-BUNDLED_TOKENIZER_DIR = Path(__file__).parent / "assets" / "tokenizer"
+BUNDLED_TOKENIZER_DIR = Path(__file__).parents[1] / "assets" / "tokenizer"
 _SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 # The fixed conversation observations are appended to when computing their template segment.
 # It ends with a user turn, not an assistant one: templates such as Qwen3's render the *last*

@@ -15,8 +15,8 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from prorl_async._resource import AsyncResource
 from prorl_async.sandbox.spec import SandboxSpec
+from prorl_async.util.resource import AsyncResource
 
 if TYPE_CHECKING:
     from prorl_async.sandbox.runtime import Runtime

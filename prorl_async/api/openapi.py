@@ -7,8 +7,7 @@ from typing import Any
 
 import msgspec
 
-from prorl_async import __version__
-from prorl_async.sampling import SamplingParams
+from prorl_async.llm.sampling import SamplingParams
 from prorl_async.schemas import (
     AddLLMServerRequest,
     BatchRequest,
@@ -26,6 +25,7 @@ from prorl_async.schemas import (
     SubmitResponse,
     WorkersRequest,
 )
+from prorl_async.util.version import __version__
 
 __all__ = ["openapi_document"]
 

@@ -12,9 +12,9 @@ from urllib.parse import urlsplit
 
 import uvloop
 
-from prorl_async.app import run_server
+from prorl_async.api.app import run_server
+from prorl_async.api.connections import raise_nofile_limit
 from prorl_async.config import ServerConfig
-from prorl_async.connections import raise_nofile_limit
 from prorl_async.store import StateDirBusy, StoreError
 
 __all__ = ["serve", "serve_forever", "write_port_file"]

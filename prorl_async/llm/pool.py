@@ -29,7 +29,7 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from prorl_async.backend import (
+from prorl_async.llm.backend import (
     Backend,
     BackendError,
     Lease,
@@ -37,7 +37,7 @@ from prorl_async.backend import (
     PoolConfig,
     least_inflight,
 )
-from prorl_async.engines import (
+from prorl_async.llm.engines import (
     EngineApi,
     EngineError,
     EngineUnavailable,
@@ -45,8 +45,8 @@ from prorl_async.engines import (
     fetch_model,
     server_root,
 )
-from prorl_async.generation import Generation
-from prorl_async.timer import PausableTimer
+from prorl_async.llm.generation import Generation
+from prorl_async.util.timer import PausableTimer
 
 __all__ = [
     "Backend",

@@ -25,14 +25,14 @@ from pathlib import Path
 
 import jinja2
 
-from prorl_async import __version__
 from prorl_async.sandbox.apptainer import find_apptainer
+from prorl_async.util.version import __version__
 
 __all__ = ["DEFAULT_BASE", "BuildResult", "ImageError", "build_image", "main", "render"]
 
 DEFAULT_BASE = "docker://python:3.11-slim-bookworm"
 MODES = ("scratch", "versioned", "lock")
-_SOURCE_ROOT = Path(__file__).resolve().parent.parent
+_SOURCE_ROOT = Path(__file__).resolve().parents[2]
 
 
 class ImageError(RuntimeError):

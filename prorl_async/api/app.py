@@ -11,11 +11,11 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
+from prorl_async.api.connections import ConnectionGuard, clamp_connections
+from prorl_async.api.middleware import MAX_BODY, error_middleware, make_auth_middleware
+from prorl_async.api.routes import SERVICE, routes
 from prorl_async.config import ServerConfig
-from prorl_async.connections import ConnectionGuard, clamp_connections
-from prorl_async.handler import HandlerRegistry
-from prorl_async.middleware import MAX_BODY, error_middleware, make_auth_middleware
-from prorl_async.routes import SERVICE, routes
+from prorl_async.core.handler import HandlerRegistry
 from prorl_async.service import RolloutService
 
 __all__ = ["CONNECTIONS", "build_app", "run_server"]
@@ -48,7 +48,7 @@ def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> 
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
-    from prorl_async.setup import open_services  # optional parts: pool, runtime, tokenizer
+    from prorl_async.core.services import open_services  # optional parts: pool, runtime, tokenizer
 
     service = app[SERVICE]
     service.open()  # the state dir lock first: nothing below may touch another server's state

@@ -20,7 +20,7 @@ import msgspec
 
 if TYPE_CHECKING:
     from prorl_async.config import ServerConfig
-    from prorl_async.job import Job
+    from prorl_async.core.job import Job
 
 __all__ = ["ENTRY_POINT_GROUP", "AgentHandler", "HandlerRegistry", "InstanceError"]
 

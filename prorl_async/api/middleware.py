@@ -9,7 +9,7 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from prorl_async.errors import ProblemError, Unauthorized
+from prorl_async.core.errors import ProblemError, Unauthorized
 from prorl_async.schemas import Problem
 
 __all__ = ["MAX_BODY", "error_middleware", "make_auth_middleware", "problem_response"]

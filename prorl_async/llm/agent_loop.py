@@ -16,9 +16,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from prorl_async.generation import Generation, Generator
-from prorl_async.tokenizer import ChatTokenizer
-from prorl_async.toolcalls import MalformedToolCall, ToolCall, ToolCallError, parse_tool_calls
+from prorl_async.llm.generation import Generation, Generator
+from prorl_async.llm.tokenizer import ChatTokenizer
+from prorl_async.llm.toolcalls import MalformedToolCall, ToolCall, ToolCallError, parse_tool_calls
 
 __all__ = [
     "FINISH_TOOL",

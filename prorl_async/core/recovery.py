@@ -8,22 +8,38 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
-from prorl_async.errors import Unprocessable
-from prorl_async.handler import AgentHandler
-from prorl_async.job import Job
+from prorl_async.core.errors import Unprocessable
+from prorl_async.core.handler import AgentHandler
+from prorl_async.core.job import Job
+from prorl_async.core.jobstore import UnfinishedRecord
 from prorl_async.schemas import ErrorInfo, ProcessRequest
-from prorl_async.store import UnfinishedRecord
 
 if TYPE_CHECKING:
-    from prorl_async.service import RolloutService
+    from prorl_async.config import ServerConfig
+    from prorl_async.core.pipeline import Pipeline
 
-__all__ = ["recover"]
+__all__ = ["Admission", "recover"]
 
 log = logging.getLogger(__name__)
+
+
+class Admission(Protocol):
+    """What recovery needs of the service (``RolloutService``): its config, its pipeline,
+    and admitting a stored request again as a submit would."""
+
+    @property
+    def config(self) -> ServerConfig: ...
+    @property
+    def pipeline(self) -> Pipeline: ...
+    def prepare(self, req: ProcessRequest) -> tuple[AgentHandler, Any]: ...
+    def build_job(
+        self, req: ProcessRequest, handler: AgentHandler, instance: Any, job_id: str
+    ) -> Job: ...
+
 
 _decoder = msgspec.json.Decoder(ProcessRequest)
 
@@ -35,7 +51,7 @@ class _Unrunnable(AgentHandler):
         raise RuntimeError("task is not registered")
 
 
-def recover(service: RolloutService, records: list[UnfinishedRecord]) -> None:
+def recover(service: Admission, records: list[UnfinishedRecord]) -> None:
     """Requeue or fail every unfinished job of an earlier process, per ``on_restart``."""
     if not records:
         return
@@ -49,7 +65,7 @@ def _verb(mode: str) -> str:
     return "requeued in INIT" if mode == "requeue" else "failed with ServerRestart"
 
 
-def _recover_one(service: RolloutService, rec: UnfinishedRecord, mode: str) -> None:
+def _recover_one(service: Admission, rec: UnfinishedRecord, mode: str) -> None:
     req, problem = _decode(rec)
     handler: AgentHandler = _Unrunnable()
     instance: Any = None
@@ -74,7 +90,7 @@ def _decode(rec: UnfinishedRecord) -> tuple[ProcessRequest | None, str | None]:
 
 
 def _job(
-    service: RolloutService,
+    service: Admission,
     rec: UnfinishedRecord,
     req: ProcessRequest | None,
     handler: AgentHandler,

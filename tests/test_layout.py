@@ -1,0 +1,220 @@
+"""The package layout: no import cycles, few top-level modules, rooms depend one way.
+
+Every ``import`` counts, at module level, inside functions and under ``TYPE_CHECKING``
+alike: a cycle that only the type checker walks is still a cycle a reader must untangle.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "prorl_async"
+
+# The rooms, lowest first: a module may import only from its own room or a lower one
+# (docs/ARCHITECTURE.md draws the same order). Top-level modules are rooms of their own.
+LAYERS = [
+    "util",
+    "schemas",
+    "grading",
+    "toolserver",
+    "client",
+    "capacity",
+    "sandbox",
+    "llm",
+    "config",
+    "core",
+    "store",
+    "service",
+    "api",
+    "scripted_llm",
+    "trainer",
+    "cluster",
+    "demo",
+    "cli",
+    "",  # the package root re-exports the public names of every room
+]
+MAX_TOP_LEVEL_MODULES = 8
+
+Graph = dict[str, set[str]]
+
+
+def module_name(path: Path, package_dir: Path = PACKAGE) -> str:
+    parts = [package_dir.name, *path.relative_to(package_dir).with_suffix("").parts]
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def import_graph(package_dir: Path = PACKAGE) -> Graph:
+    """Module -> the package's modules it imports (every import statement)."""
+    files = {module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
+    graph: Graph = {}
+    for name, path in files.items():
+        is_pkg = path.name == "__init__.py"
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            for target in _targets(node, name, is_pkg, files):
+                if target != name:
+                    targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def _targets(node: ast.AST, name: str, is_pkg: bool, files: dict[str, Path]) -> list[str]:
+    if isinstance(node, ast.Import):
+        candidates = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:
+            package = name.split(".") if is_pkg else name.split(".")[:-1]
+            package = package[: len(package) - (node.level - 1)]
+            base = ".".join([*package, base] if base else package)
+        # ``from pkg import mod`` imports the module pkg.mod; ``from mod import name`` mod.
+        candidates = [
+            f"{base}.{alias.name}" if f"{base}.{alias.name}" in files else base
+            for alias in node.names
+        ]
+    else:
+        return []
+    out = []
+    for candidate in candidates:
+        while candidate and candidate not in files:
+            candidate = candidate.rpartition(".")[0]
+        if candidate:
+            out.append(candidate)
+    return out
+
+
+def cycles(graph: Graph) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            advanced = False
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+                    advanced = True
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_imports(graph: Graph, layers: list[str] = LAYERS) -> list[str]:
+    rank = {name: i for i, name in enumerate(layers)}
+    bad = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            src, dst = room(module), room(target)
+            if src != dst and rank[dst] > rank[src]:
+                bad.append(f"{module} imports {target} ({dst!r} is above {src!r})")
+    return bad
+
+
+# -- the checks themselves are checked ----------------------------------------------------
+
+
+def test_cycle_finder_finds_a_cycle_through_type_checking_and_relative_imports(
+    tmp_path: Path,
+) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from . import c\n")
+    (pkg / "sub" / "c.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import X\n"
+    )
+    (pkg / "d.py").write_text("def f():\n    import pkg.a\n")
+    graph = import_graph(pkg)
+    assert graph["pkg.d"] == {"pkg.a"}
+    assert cycles(graph) == [["pkg.a", "pkg.sub.b", "pkg.sub.c"]]
+    (pkg / "sub" / "c.py").write_text("X = 1\n")
+    assert cycles(import_graph(pkg)) == []
+
+
+def test_layer_rule_flags_an_upward_import() -> None:
+    graph = {"p.core.job": {"p.service"}, "p.service": {"p.core.job"}}
+    assert upward_imports(graph, ["core", "service"]) == [
+        "p.core.job imports p.service ('service' is above 'core')"
+    ]
+
+
+# -- the package ---------------------------------------------------------------------------
+
+
+def test_no_import_cycles() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_rooms_depend_one_way() -> None:
+    graph = import_graph()
+    unknown = {room(m) for m in graph} - set(LAYERS)
+    assert not unknown, f"rooms missing from LAYERS (and docs/ARCHITECTURE.md): {unknown}"
+    assert upward_imports(graph) == []
+
+
+def test_few_modules_directly_under_the_package() -> None:
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def test_architecture_doc_names_files_that_exist() -> None:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    paths = set(re.findall(r"`((?:prorl_async|handlers|tests|bench|docs)/[\w/.-]+)`", text))
+    assert len(paths) >= 20, "the architecture doc should name the files it describes"
+    missing = sorted(p for p in paths if not (ROOT / p.rstrip("/")).exists())
+    assert missing == []
+    rooms = [r for r in LAYERS if r]
+    order = [text.find(f"`{r}`") for r in rooms]
+    assert all(i >= 0 for i in order), [r for r, i in zip(rooms, order, strict=True) if i < 0]
+
+
+@pytest.mark.parametrize(
+    "name", ["AgentHandler", "Job", "RolloutClient", "SandboxTools", "ServerConfig"]
+)
+def test_public_names_import_from_the_package(name: str) -> None:
+    import prorl_async
+
+    assert getattr(prorl_async, name).__name__ == name
