@@ -17,6 +17,7 @@ from typing import Any
 from prorl_async.trainer.errors import TrainerError
 from prorl_async.trainer.filters import GroupFilter
 from prorl_async.trainer.group import Group, active_seconds, generated_tokens, weight_versions
+from prorl_async.trainer.loop import Waker
 from prorl_async.trainer.metrics import ManagerMetrics
 from prorl_async.trainer.registry import GroupState, Registry, Sample
 from prorl_async.trainer.retry import Backoff, classify_result, transport_class
@@ -60,11 +61,10 @@ class Engine:
         self.backoff = Backoff()
         self.index = 0
         self.exhausted = False
-        self.accepted = 0
         # False between batches with on_batch_full="cancel": servers idle while the trainer trains
         self.hungry = True
         self.error: BaseException | None = None
-        self.wake = asyncio.Event()
+        self.wake = Waker()
         self.progress = asyncio.Event()
         self.last_result = time.monotonic()
 
@@ -95,7 +95,8 @@ class Engine:
         return live < target and self.admits(live)
 
     def admits(self, live: int) -> bool:
-        return self.staleness.admits(self.accepted + len(self.ready), live)
+        """The staleness bound counts the unconsumed groups: ready and running."""
+        return self.staleness.admits(len(self.ready) + live)
 
     def _next_group(self) -> GroupState | None:
         if self.resubmit:
@@ -116,35 +117,49 @@ class Engine:
 
     async def dispatch(self) -> None:
         """Send pending samples to servers with free RUN slots, one batch call per server."""
-        now = time.monotonic()
+        plan = self._plan(time.monotonic())
+        if plan:
+            await asyncio.gather(*(self._submit(self.pool.servers[u], s) for u, s in plan.items()))
+
+    def _plan(self, now: float) -> dict[str, list[Sample]]:
+        """Place every due sample a server can take; the rest wait, the earliest on the timer.
+
+        Never sets ``wake``: what this pass re-queues (a sample moved off a quarantined
+        server) it places in this same pass, so a pass never asks for another one by itself.
+        """
         plan: dict[str, list[Sample]] = {}
         waiting: deque[Sample] = deque()
-        earliest: float | None = None
         while self.reg.pending:
             sample = self.reg.pending.popleft()
-            server = None if sample.not_before > now else self._server_for(sample)
-            if server is None:
+            if self.reg.by_job.get(sample.job_id) is not sample:
+                continue  # its group was dropped, or it was moved under a new job id
+            if sample.not_before > now:
                 waiting.append(sample)
-                if sample.not_before > now:
-                    earliest = min(earliest or sample.not_before, sample.not_before)
-                continue
-            server.add(sample)
-            plan.setdefault(server.url, []).append(sample)
+                self.wake.at(sample.not_before, now)
+            elif self._moved_off_quarantine(sample):
+                continue  # its new attempt is at the end of the queue drained here
+            elif (server := self._server_for(sample)) is None:
+                waiting.append(sample)
+            else:
+                server.add(sample)
+                plan.setdefault(server.url, []).append(sample)
         self.reg.pending = waiting
-        if earliest is not None:
-            asyncio.get_running_loop().call_later(earliest - now, self.wake.set)
-        await asyncio.gather(*(self._submit(self.pool.servers[u], s) for u, s in plan.items()))
+        return plan
+
+    def _moved_off_quarantine(self, sample: Sample) -> bool:
+        """Its answer was lost and its server is gone: a new id elsewhere (appended)."""
+        pinned = None if sample.pin is None else self.pool.servers[sample.pin]
+        if pinned is None or not pinned.quarantined:
+            return False
+        pinned.orphans.add(sample.job_id)
+        self.retry(sample, pinned.url, "quarantine", None, count=False, wake=False)
+        return True
 
     def _server_for(self, sample: Sample) -> ServerState | None:
         if sample.pin is None:
             return self.pool.pick(sample.avoid)
         pinned = self.pool.servers[sample.pin]
-        if not pinned.quarantined:
-            return pinned if pinned.free > 0 else None
-        # its answer was lost and the server is gone: a new id elsewhere (retry appends it)
-        pinned.orphans.add(sample.job_id)
-        self.retry(sample, pinned.url, "quarantine", None, count=False)
-        return None
+        return pinned if pinned.free > 0 else None
 
     async def _submit(self, server: ServerState, samples: list[Sample]) -> None:
         try:
@@ -175,7 +190,7 @@ class Engine:
                 sample.pin = server.url
                 sample.not_before = time.monotonic() + self.backoff.delay(server.failures, exc)
                 self.reg.pending.append(sample)
-                self.wake.set()
+                self.wake.at(sample.not_before)
             else:
                 self.retry(sample, server.url, f"submit_{kind}", exc)
 
@@ -196,9 +211,19 @@ class Engine:
     # -- failures ----------------------------------------------------------------------
 
     def retry(
-        self, sample: Sample, server: str, kind: str, exc: BaseException | None, count: bool = True
+        self,
+        sample: Sample,
+        server: str,
+        kind: str,
+        exc: BaseException | None,
+        count: bool = True,
+        wake: bool = True,
     ) -> None:
-        """Resubmit one sample under a new job id, elsewhere, after a backoff."""
+        """Resubmit one sample under a new id, elsewhere, after a backoff (``count``).
+
+        ``count=False`` (a move off a quarantined server) goes at once: it wakes the feed
+        loop, unless ``wake=False`` (the caller is the pass that will place it).
+        """
         self.reg.forget(sample)
         if sample.group.uid not in self.reg.groups:
             return
@@ -209,10 +234,12 @@ class Engine:
             return
         new = self.reg.new_attempt(sample.group, sample.k, failures)
         new.avoid = server
-        if count:  # a move off a quarantined server goes at once
-            new.not_before = time.monotonic() + self.backoff.delay(failures, exc)
         self.reg.pending.append(new)
-        self.wake.set()
+        if count:
+            new.not_before = time.monotonic() + self.backoff.delay(failures, exc)
+            self.wake.at(new.not_before)
+        elif wake:
+            self.wake.set()
 
     def server_failed(self, server: ServerState, exc: BaseException) -> None:
         """A transport failure; the third in a row quarantines the server."""
@@ -305,7 +332,10 @@ class Engine:
         self.resubmit.append(state)
 
     def take_batch(self) -> list[Group] | None:
-        """``batch_groups`` fresh groups from the ready queue, or ``None`` if not enough."""
+        """Pop ``batch_groups`` fresh groups from the ready queue, or ``None`` if not enough.
+
+        The caller hands the batch out, or puts it back if it cannot deliver it.
+        """
         fresh: deque[Group] = deque()
         for group in self.ready:
             if self.staleness.is_stale(group.min_weight_version):
@@ -316,10 +346,15 @@ class Engine:
         self.ready = fresh
         if len(fresh) < self.cfg.batch_groups:
             return None
-        batch = [fresh.popleft() for _ in range(self.cfg.batch_groups)]
+        return [fresh.popleft() for _ in range(self.cfg.batch_groups)]
+
+    def put_back(self, batch: list[Group]) -> None:
+        self.ready.extendleft(reversed(batch))
+
+    def hand_out(self, batch: list[Group]) -> None:
         for group in batch:
             self._returned(group)
-        return batch
+        self.staleness.batch_handed_out()
 
     def _returned(self, group: Group) -> None:
         lag = self.staleness.lag(group.min_weight_version)
@@ -327,7 +362,6 @@ class Engine:
             self.metrics.version_lag[lag] += 1
         self.metrics.returned += 1
         self.metrics.useful_tokens += group.tokens
-        self.accepted += 1
         self.reg.release(group.prompt_uid)
 
     def cancel_live(self) -> tuple[list[GroupState], dict[str, str]]:

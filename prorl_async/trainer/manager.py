@@ -19,6 +19,7 @@ from prorl_async.trainer.engine import Engine, Settings, result_cost
 from prorl_async.trainer.errors import PromptsExhausted, RolloutStalled, TrainerError
 from prorl_async.trainer.filters import GroupFilter, resolve_filter
 from prorl_async.trainer.group import Group
+from prorl_async.trainer.loop import LoopLag
 from prorl_async.trainer.poller import PollHandlers, poll_loop
 from prorl_async.trainer.progress import Progress
 from prorl_async.trainer.retry import transport_class
@@ -85,6 +86,7 @@ class RolloutManager:
         self._session: aiohttp.ClientSession | None = None
         self._engine: Engine | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._lag = LoopLag()
         self._backends: list[str] | None = None
         self._closed = False
 
@@ -108,6 +110,7 @@ class RolloutManager:
         for server in pool:
             self._spawn(poll_loop(server, handlers, engine.backoff))
         self._spawn(self._feed())
+        self._spawn(self._lag.run())
         if self.sample_deadline_s is not None:
             self._spawn(self._watch_deadlines(self.sample_deadline_s))
         engine.wake.set()
@@ -130,6 +133,7 @@ class RolloutManager:
         try:
             await asyncio.gather(*tasks, return_exceptions=True)
             if self._engine is not None:
+                self._engine.wake.close()
                 # shielded: a cancelled close still stops this manager's jobs on the servers
                 await asyncio.shield(self._cancel_everything())
         finally:
@@ -181,10 +185,10 @@ class RolloutManager:
     # -- background loops --------------------------------------------------------------
 
     async def _feed(self) -> None:
+        """One pass per wake-up; ``wake.wait()`` yields to the loop even when already woken."""
         engine = self._require()
         while True:
             await engine.wake.wait()
-            engine.wake.clear()
             engine.admit()
             await engine.dispatch()
             self._draw()
@@ -207,10 +211,15 @@ class RolloutManager:
     # -- public API --------------------------------------------------------------------
 
     async def next_batch(self) -> list[Group]:
-        """Exactly ``batch_groups`` groups that passed the filter and are fresh enough."""
+        """Exactly ``batch_groups`` groups that passed the filter and are fresh enough.
+
+        Cancellable at any await (a batch not handed out goes back to the ready queue);
+        otherwise ends with a batch or an error (docs/trainer.md, "Errors").
+        """
         engine = self._require()
         start = time.monotonic()
         engine.hungry = True
+        self._staleness.batch_requested()
         while (batch := engine.take_batch()) is None:
             self._raise_if_stuck(engine)
             engine.progress.clear()
@@ -219,7 +228,12 @@ class RolloutManager:
             self._draw()
         if not self.settings.carry:
             engine.hungry = False
-            await self._cancel_unfinished(engine)
+            try:
+                await self._cancel_unfinished(engine)
+            except BaseException:
+                engine.put_back(batch)
+                raise
+        engine.hand_out(batch)
         engine.metrics.batch_fill_s.append(time.monotonic() - start)
         self._progress.done()
         engine.wake.set()
@@ -253,6 +267,7 @@ class RolloutManager:
         out["ready_groups"] = len(engine.ready)
         out["resubmit_groups"] = len(engine.resubmit)
         out["current_version"] = self._staleness.current
+        out["loop_lag_ms"] = self._lag.to_dict()
         return out
 
     # -- helpers -----------------------------------------------------------------------
@@ -275,11 +290,6 @@ class RolloutManager:
                 f"ready for this batch ({m.returned} returned before, {m.filtered} filtered, "
                 f"{m.failed} failed, {m.stale} stale)"
             )
-        if idle and not engine.admits(0):
-            raise TrainerError(
-                "the staleness bound admits no new group: call set_weights() with the new "
-                "version after each batch, or raise max_version_lag (None disables it)"
-            )
 
     async def _wait_progress(self, engine: Engine, start: float) -> None:
         since = max(engine.last_result, start)
@@ -288,15 +298,15 @@ class RolloutManager:
             async with asyncio.timeout(max(remaining, 0.0)):
                 await engine.progress.wait()
         except TimeoutError:
-            report = stall_report(engine, self.stall_timeout_s)
+            report = stall_report(engine, self.stall_timeout_s, self._lag.to_dict())
             raise RolloutStalled(report["message"], report) from None
 
     async def _cancel_unfinished(self, engine: Engine) -> None:
         groups, ids = engine.cancel_live()
-        for result in await cancel_on_servers(engine.pool, ids):
-            engine.metrics.waste("cancelled", *result_cost(result))
         for group in groups:
             engine.reg.release(group.uid)
+        for result in await cancel_on_servers(engine.pool, ids):
+            engine.metrics.waste("cancelled", *result_cost(result))
 
     async def _push_weights(self, server: ServerState, version: int, addresses: list[str]) -> None:
         try:

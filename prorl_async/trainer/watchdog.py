@@ -27,7 +27,9 @@ def expired_groups(reg: Registry, deadline_s: float, now: float) -> list[GroupSt
     return list(late.values())
 
 
-def stall_report(engine: Engine, stall_timeout_s: float) -> dict[str, Any]:
+def stall_report(
+    engine: Engine, stall_timeout_s: float, loop_lag_ms: dict[str, float]
+) -> dict[str, Any]:
     """What the manager waits for: which servers, which samples (oldest first)."""
     now = time.monotonic()
     servers = {
@@ -36,13 +38,16 @@ def stall_report(engine: Engine, stall_timeout_s: float) -> dict[str, Any]:
     }
     samples = engine.reg.diagnosis(now)
     down = [u for u, s in servers.items() if s["quarantined"]]
+    running = engine.pool.inflight
     message = (
-        f"no rollout result for {stall_timeout_s:.0f} s: {len(engine.reg.by_job)} samples in "
-        f"flight or pending, {len(engine.ready)} of {engine.cfg.batch_groups} groups ready"
+        f"no rollout result for {stall_timeout_s:.0f} s: {len(engine.ready)} of "
+        f"{engine.cfg.batch_groups} groups ready; waiting for {running} samples on servers "
+        f"and {len(engine.reg.pending)} without a server yet, {len(engine.reg.groups)} groups "
+        f"running, {len(engine.resubmit)} to regenerate"
         + (f"; quarantined servers: {', '.join(down)}" if down else "")
         + (f"; oldest sample {samples[0]['job_id']} on {samples[0]['server']}" if samples else "")
     )
-    return {"message": message, "servers": servers, "samples": samples}
+    return {"message": message, "servers": servers, "samples": samples, "loop_lag_ms": loop_lag_ms}
 
 
 async def cancel_on_servers(

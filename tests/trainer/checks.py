@@ -10,7 +10,7 @@ from handlers.planted import PlantedInstance, planted_reward
 from prorl_async.trainer import Group
 
 
-def check_group(group: Group, n: int) -> list[tuple[str, int]]:
+def check_group(group: Group, n: int, filtered: bool = True) -> list[tuple[str, int]]:
     """Assert the group is n results of one prompt, rewarded as planted; returns its samples."""
     assert len(group.results) == n
     inst = msgspec.convert(group.job["instance"], PlantedInstance)
@@ -22,7 +22,8 @@ def check_group(group: Group, n: int) -> list[tuple[str, int]]:
         assert result["status"] == "done", result.get("error")
         assert result["reward"] == planted_reward(inst, f"{group.prompt_uid}-{k}")
         samples.append((group.prompt_uid, k))
-    assert len(set(group.rewards)) > 1, "nonzero_std let an all-equal group through"
+    if filtered:
+        assert len(set(group.rewards)) > 1, "nonzero_std let an all-equal group through"
     return samples
 
 

@@ -199,11 +199,17 @@ async def test_stall_watchdog_names_servers_and_samples(tmp_path: Path) -> None:
         stall_timeout_s=1.0, progress=False,
     ) as m:  # fmt: skip
         await m.set_weights(version=0, backends=[r.llm.address])
+        waiting = asyncio.ensure_future(m.next_batch())
+        await eventually(lambda: m.metrics()["samples"]["submitted"] > 0)
+        waiting.cancel()  # a waiting next_batch() is cancellable; the manager goes on
+        await asyncio.wait({waiting})
+        assert waiting.cancelled()
         with pytest.raises(RolloutStalled) as info:
             await m.next_batch()
     assert "no rollout result for 1 s" in str(info.value)
     assert set(info.value.diagnosis["servers"]) == set(r.urls)  # type: ignore[arg-type]
     assert info.value.diagnosis["samples"]
+    assert "waiting for 4 samples on servers" in str(info.value)
 
 
 async def test_a_job_the_server_rejects_is_a_clear_error(tmp_path: Path) -> None:

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from prorl_async.trainer import Group, RolloutManager, load_cluster, nonzero_std
+from prorl_async.trainer.engine import Engine, Settings
+from prorl_async.trainer.loop import LoopLag, Waker
+from prorl_async.trainer.registry import GroupState
+from prorl_async.trainer.servers import ServerPool, ServerState
 from prorl_async.trainer.staleness import Staleness
 
 
@@ -46,13 +52,32 @@ def test_group_fields_and_verl_view() -> None:
 
 def test_staleness_bounds() -> None:
     s = Staleness(1, batch_groups=4)
-    assert s.admits(accepted=100, running=100) and not s.is_stale(0)  # no version yet
+    assert s.admits(unconsumed=100) and not s.is_stale(0)  # no version yet
     s.set_version(5)
     s.set_version(6)
     assert s.lag(4) == 2 and s.is_stale(4) and not s.is_stale(5)
-    assert s.admits(accepted=4, running=7) and not s.admits(accepted=4, running=8)
+    assert s.admits(unconsumed=7) and not s.admits(unconsumed=8)
     with pytest.raises(ValueError, match="older than the current 6"):
         s.set_version(2)
+
+
+def test_staleness_admission_counts_unconsumed_groups_only() -> None:
+    # any cadence: many batches at one version, then a jump; the bound never runs out
+    s = Staleness(1, batch_groups=4)
+    s.set_version(0)
+    for _ in range(10):
+        s.batch_requested()
+        assert s.admits(unconsumed=7) and not s.admits(unconsumed=8)
+        s.batch_handed_out()  # an update may come before the next batch: one batch less
+        assert s.admits(unconsumed=3) and not s.admits(unconsumed=4)
+    s.set_version(3)
+    assert s.admits(unconsumed=7)
+    lag0 = Staleness(0, batch_groups=4)
+    lag0.set_version(0)
+    lag0.batch_handed_out()
+    assert not lag0.admits(unconsumed=0)  # what starts now would be stale after the update
+    lag0.batch_requested()  # no update came: a batch that waits can always start a group
+    assert lag0.admits(unconsumed=3)
 
 
 @pytest.mark.parametrize(
@@ -89,3 +114,56 @@ def test_cluster_file(tmp_path: Path) -> None:
         load_cluster(path)
     with pytest.raises(ValueError, match="No such file"):
         load_cluster(tmp_path / "missing.json")
+
+
+async def test_a_pass_moves_samples_off_a_dead_server_once_and_never_wakes_itself() -> None:
+    dead, full = ServerState("http://a", None, 4), ServerState("http://b", None, 0)  # type: ignore[arg-type]
+    dead.quarantine()
+    settings = Settings(
+        group_size=2, batch_groups=1, max_inflight_groups=1, group_filter=nonzero_std,
+        max_infra_retries=3,
+    )  # fmt: skip
+    engine = Engine(settings, iter([]), ServerPool([dead, full]), Staleness(None, 1), "r")
+    engine.reg.add_group(GroupState("p0", {"task": "t", "instance": {}}, 2))
+    for sample in engine.reg.pending:  # their submission's answer was lost, then a went down
+        sample.pin = dead.url
+    for _ in range(3):  # no server has room: every pass leaves the samples waiting
+        await engine.dispatch()
+        assert not engine.wake.is_set()
+        assert sorted(s.job_id for s in engine.reg.pending) == ["r-p0-0-1", "r-p0-1-1"]
+        assert all(s.pin is None and s.avoid == dead.url for s in engine.reg.pending)
+    assert dead.orphans == {"r-p0-0-0", "r-p0-1-0"}
+    assert engine.metrics.retries == {"quarantine": 2}
+
+
+async def test_waker_yields_when_already_woken_and_keeps_one_timer() -> None:
+    waker, order = Waker(), []
+    waker.set()
+
+    async def other() -> None:
+        order.append("other")
+
+    task = asyncio.ensure_future(other())
+    await waker.wait()  # already woken: still lets the other task run first
+    order.append("woken")
+    await task
+    assert order == ["other", "woken"] and not waker.is_set()
+    now = time.monotonic()
+    waker.at(now + 60, now)
+    first = waker._timer
+    waker.at(now + 120, now)  # later than the armed timer: nothing new
+    assert waker._timer is first and waker._timer_at == now + 60
+    waker.at(now, now)  # earlier: the timer moves, and wakes the loop
+    assert first is not None and first.cancelled()
+    await asyncio.wait_for(waker.wait(), 10)
+    assert waker._timer is None
+    waker.at(now + 60, now)
+    waker.close()
+    assert waker._timer is None
+
+
+def test_loop_lag_keeps_the_max_and_a_recent_window() -> None:
+    lag = LoopLag(window=2)
+    for late_s in (0.5, 0.001, 0.002, -0.001):
+        lag.record(late_s)
+    assert lag.to_dict() == {"max": 500.0, "recent": 2.0}
