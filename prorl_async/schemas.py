@@ -160,6 +160,8 @@ class BackendInfo(msgspec.Struct, frozen=True):
     assigned: int
     healthy: bool
     weight_version: int | str | None
+    # The engine's context window, read from its /v1/models at registration.
+    max_model_len: int | None = None
 
 
 # Each worker is a task: a bound keeps one resize from stalling the loop (10k: ~50 ms).

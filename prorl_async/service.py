@@ -387,4 +387,5 @@ def _backend_info(b: dict[str, Any]) -> BackendInfo:
         assigned=b["assigned"],
         healthy=b["healthy"],
         weight_version=b.get("weight_version"),
+        max_model_len=b.get("max_model_len"),
     )

@@ -32,6 +32,7 @@ LAYERS = [
     "service",
     "api",
     "scripted_llm",
+    "vllm_cpu",
     "trainer",
     "cluster",
     "demo",

@@ -199,7 +199,7 @@ async def add_llm_server(request: web.Request) -> web.Response:
     req = await _decode(request, AddLLMServerRequest)
     pool = _pool(request)
     try:
-        pool.add(
+        await pool.register(
             req.address,
             api=req.api,
             weight_version=req.weight_version,

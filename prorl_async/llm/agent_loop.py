@@ -185,8 +185,13 @@ class _Loop:
                 self.traj.finish = finish
                 return
 
+    def _context_len(self) -> int:
+        # The smaller of the configured window and the engine's own (a lease knows it).
+        engine = getattr(self.generator, "max_model_len", None)
+        return min(self.max_model_len, engine) if isinstance(engine, int) else self.max_model_len
+
     async def _turn(self, *, last: bool) -> str | None:
-        room = self.max_model_len - len(self.buffer)
+        room = self._context_len() - len(self.buffer)
         if room <= 0:
             return "context_exhausted"
         limit = min(self.max_tokens, room)
@@ -201,7 +206,7 @@ class _Loop:
         return await self._act(calls, gen, last=last)
 
     def _no_call_finish(self, gen: Generation) -> str:
-        if len(self.buffer) >= self.max_model_len:
+        if len(self.buffer) >= self._context_len():
             return "context_exhausted"
         return "length" if gen.finish_reason == "length" else "no_tool_call"
 
@@ -243,7 +248,7 @@ class _Loop:
             observations, prev_ended=prev_ended, tools=self.specs
         )
         # The observation must leave room for at least one generated token.
-        if len(self.buffer) + len(ids) >= self.max_model_len:
+        if len(self.buffer) + len(ids) >= self._context_len():
             return "context_exhausted"
         self.traj.add_observation(ids, text)
         self._extend(ids)

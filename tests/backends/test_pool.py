@@ -152,7 +152,7 @@ async def test_new_weight_version_shows_in_later_generations(start_llm: StartLLM
         assert (g1.weight_version, g2.weight_version) == (7, 8)
         assert pool.snapshot() == [
             {"address": a.address, "inflight": 0, "assigned": 1, "healthy": True,
-             "weight_version": 8}
+             "weight_version": 8, "max_model_len": None}
         ]  # fmt: skip
 
 

