@@ -17,6 +17,12 @@ A stage may be given an admission gate (``gate``): its waiters then get a free s
 only while the gate is open, and are offered one again on ``wake``. Just-in-time INIT
 uses it so a slot freed while RUN jobs already wait for a backend is not turned into
 one more sandbox waiting for it.
+
+Slots held by sandboxes nobody uses yet (warm ones) can be given back: a holder that
+registers with ``on_demand`` is told whenever a taker may be waiting for a slot
+(a waiter queued, a gate re-checked, the capacity changed) and gives back up to
+``shortfall`` slots. Without that, a waiter that arrived while such a holder was still
+starting its sandboxes would wait for a slot nobody ever releases.
 """
 
 from __future__ import annotations
@@ -86,6 +92,7 @@ class SandboxBudget:
             r: collections.deque() for r in sorted({0, *_RANK.values()}, reverse=True)
         }
         self._listeners: list[Callable[[], None]] = []
+        self._demand: list[Callable[[], None]] = []
         self._gates: dict[int, Callable[[], bool]] = {}
 
     def gate(self, stage: str, is_open: Callable[[], bool]) -> None:
@@ -95,6 +102,7 @@ class SandboxBudget:
     def wake(self) -> None:
         """Hand free slots to waiters whose gate may have opened."""
         self._wake()
+        self._ask()
 
     def _admitted(self, rank: int, *, asking: bool = False) -> bool:
         """Whether ``rank``'s gate is open; ``asking``: evaluated for the current job, with
@@ -117,6 +125,19 @@ class SandboxBudget:
         return any(line for r, line in self._waiters.items() if r >= rank)
 
     @property
+    def shortfall(self) -> int:
+        """Slots to give back so every waiter whose gate is open gets one and ``live`` fits
+        the capacity (what a holder of idle slots should give up; 0 when none)."""
+        if self.capacity is None:
+            return 0
+        wanting = sum(
+            sum(1 for fut in line if not fut.done())
+            for rank, line in self._waiters.items()
+            if line and self._admitted(rank)
+        )
+        return max(wanting + self.live - self.capacity, 0)
+
+    @property
     def free(self) -> int | None:
         """Slots that could be taken now without waiting (``None``: unbounded)."""
         if self.capacity is None:
@@ -127,11 +148,21 @@ class SandboxBudget:
         """Call ``callback`` whenever a slot may have become free."""
         self._listeners.append(callback)
 
+    def on_demand(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` whenever ``shortfall`` may have grown (called synchronously,
+        in the asking taker's context: it must not block or raise)."""
+        self._demand.append(callback)
+
+    def _ask(self) -> None:
+        for callback in self._demand:
+            callback()
+
     def resize(self, capacity: int | None) -> None:
         if capacity is not None and capacity < 1:
             raise ValueError(f"max_sandboxes must be >= 1, got {capacity}")
         self.capacity = capacity
-        self._wake()
+        self._freed()  # a larger capacity frees slots (for waiters, then warm sandboxes)
+        self._ask()  # a smaller one may take slots back from idle holders
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free, nobody of the caller's stage or a later one is
@@ -159,6 +190,8 @@ class SandboxBudget:
             with timer.paused() if timer is not None else contextlib.nullcontext():
                 if rank in self._gates:
                     self._wake()  # its gate now sees this job waiting, not working
+                if not fut.done():
+                    self._ask()  # a holder of idle slots gives one up for this waiter
                 await fut
         except BaseException:
             self._abandon(fut)
@@ -170,6 +203,10 @@ class SandboxBudget:
     def release(self) -> None:
         """Give a slot back (a sandbox closed, or a start failed)."""
         self.live -= 1
+        self._freed()
+
+    def _freed(self) -> None:
+        """A slot may be free, or a taker no longer behind a waiter: tell them."""
         self._wake()
         for callback in self._listeners:
             callback()
@@ -193,6 +230,9 @@ class SandboxBudget:
             for line in self._waiters.values():
                 if fut in line:
                     line.remove(fut)
+            # Takers that were behind this waiter (a lower stage, warm sandboxes) may
+            # take a free slot now.
+            self._freed()
 
     def _wake(self) -> None:
         for rank, line in self._waiters.items():  # highest rank first

@@ -1,0 +1,292 @@
+"""Warm sandboxes and the sandbox budget, in forced orders (TEST DOUBLE runtime, no
+processes: ``tests/chaos/fake_runtime.py``; each start is resolved by the test).
+
+The rule under test: no start waits for a budget slot while a slot is held by an idle
+warm sandbox or by a warm start still under way, whatever the order of warm starts,
+takes, evictions, releases, gate changes and resizes; and the warm pool refills once
+nobody waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from prorl_async.capacity.stats import CURRENT_STAGE
+from prorl_async.sandbox import SandboxLimits, SandboxSpec, WarmPool
+from tests.chaos.fake_runtime import FakeRuntime, FakeSandbox, FakeStart, fake_config
+from tests.serverutil import eventually
+
+WARM = SandboxSpec()  # the warm pool's spec (math, code, swe INIT)
+FILES = SandboxSpec(files={"a.txt": "hi"})  # instance-dependent: never a warm one
+LIMITS = SandboxSpec(limits=SandboxLimits(max_processes=64))  # other limits: not warm
+
+
+@pytest.fixture
+async def rt(tmp_path: Path) -> AsyncIterator[FakeRuntime]:
+    runtime = FakeRuntime(fake_config(tmp_path))
+    yield runtime
+    await runtime.aclose()
+
+
+def job_start(rt: FakeRuntime, spec: SandboxSpec, stage: str = "init") -> asyncio.Task[FakeSandbox]:
+    """A job's sandbox start, from inside ``stage`` (as the pipeline runs it)."""
+
+    async def start() -> FakeSandbox:
+        CURRENT_STAGE.set(stage)  # this task's own context
+        sb = await rt.start(spec)
+        assert isinstance(sb, FakeSandbox)
+        return sb
+
+    return asyncio.create_task(start())
+
+
+def pending(rt: FakeRuntime, *, warm: bool) -> list[FakeStart]:
+    return [s for s in rt.pending if s.warm == warm]
+
+
+async def until(check: Callable[[], bool]) -> None:
+    await eventually(check, timeout=5)
+
+
+def holds_slot_a_waiter_needs(rt: FakeRuntime, warm: WarmPool) -> bool:
+    """The bug: someone whose gate is open waits (or the budget is over its capacity)
+    while the warm pool holds a slot it could give back (idle, or a start under way).
+    Computed here from the budget's lines, not with the code under test's own sums."""
+    budget = rt.budget
+    assert budget.capacity is not None
+    owed = (
+        budget.live
+        - budget.capacity
+        + sum(
+            sum(1 for fut in line if not fut.done())
+            for rank, line in budget._waiters.items()
+            if budget._admitted(rank)
+        )
+    )
+    return owed > 0 and (warm.ready > 0 or bool(pending(rt, warm=True)))
+
+
+async def test_starts_waiting_behind_warm_starts_that_hold_every_slot_get_them(
+    rt: FakeRuntime,
+) -> None:
+    """The start-up race of "Nothing may hang": warm size above the budget; the pool's
+    starts hold every slot when two jobs ask for one (nothing idle to take or evict yet).
+    Before the fix the jobs waited forever while the warm sandboxes came up idle."""
+    rt.budget.resize(2)
+    async with WarmPool(rt, WARM, size=4) as warm:
+        warm.start()
+        await until(lambda: len(pending(rt, warm=True)) == 2)
+        assert rt.budget.live == 2 and warm.ready == 0
+        jobs = [job_start(rt, WARM), job_start(rt, WARM)]
+        # The pool cancels its starts: each job's own start now holds a slot.
+        await until(lambda: len(pending(rt, warm=False)) == 2)
+        assert warm.cancelled == 2 and warm.starting == 0 and rt.budget.waiting == 0
+        for start in pending(rt, warm=False):
+            start.ok()
+        sandboxes = await asyncio.gather(*jobs)
+        assert rt.budget.live == 2 and rt.budget.peak == 2
+        assert not pending(rt, warm=True)  # no refill while the jobs hold the budget
+        for sb in sandboxes:
+            await sb.aclose()
+        # Nobody waits any more: the pool fills again, to the budget at most.
+        await until(lambda: len(pending(rt, warm=True)) == 2)
+        for start in pending(rt, warm=True):
+            start.ok()
+        await until(lambda: warm.ready == 2)
+        assert rt.budget.live == 2 and warm.starting == 0
+
+
+async def test_warm_starts_ending_after_a_gated_wait_are_given_up_when_the_gate_opens(
+    rt: FakeRuntime,
+) -> None:
+    """The order of the issue: the job waits first, the warm starts finish after. A job
+    behind a closed gate (just-in-time INIT) is not owed a slot; once its gate opens,
+    the idle warm sandboxes that came up meanwhile give it one."""
+    gate_open = False
+    rt.budget.gate("init", lambda: gate_open)
+    rt.budget.resize(2)
+    async with WarmPool(rt, WARM, size=2) as warm:
+        warm.start()
+        await until(lambda: len(pending(rt, warm=True)) == 2)
+        job = job_start(rt, FILES)
+        await until(lambda: rt.budget.waiting == 1)
+        # The gate is closed: nobody may take a slot yet, the warm starts go on.
+        assert len(pending(rt, warm=True)) == 2
+        for start in pending(rt, warm=True):
+            start.ok()
+        await until(lambda: warm.ready == 2)
+        assert rt.budget.waiting == 1
+        gate_open = True
+        rt.budget.wake()  # as a pipeline change does
+        await until(lambda: len(pending(rt, warm=False)) == 1)
+        assert warm.evicted == 1 and warm.ready == 1 and rt.budget.waiting == 0
+        pending(rt, warm=False)[0].ok()
+        sb = await job
+        assert sb.spec == FILES and rt.budget.live == 2 and rt.budget.peak == 2
+        await sb.aclose()
+
+
+@pytest.mark.parametrize("spec", [FILES, LIMITS], ids=["files", "other-limits"])
+@pytest.mark.parametrize("stage", ["init", "eval"])
+async def test_a_start_of_another_spec_takes_the_slot_of_an_idle_warm_sandbox(
+    rt: FakeRuntime, spec: SandboxSpec, stage: str
+) -> None:
+    """``sandbox`` jobs with files, code jobs with other limits, an EVAL's fresh sandbox:
+    they cannot use a warm sandbox, so one is closed and its slot goes to them, not back
+    to the pool."""
+    rt.budget.resize(2)
+    async with WarmPool(rt, WARM, size=2) as warm:
+        warm.start()
+        await until(lambda: len(pending(rt, warm=True)) == 2)
+        for start in pending(rt, warm=True):
+            start.ok()
+        await until(lambda: warm.ready == 2)
+        job = job_start(rt, spec, stage)
+        await until(lambda: len(pending(rt, warm=False)) == 1)
+        assert warm.ready == 1 and warm.taken == 0  # one closed for it
+        assert not pending(rt, warm=True)  # the freed slot did not go back to the pool
+        pending(rt, warm=False)[0].ok()
+        sb = await job
+        assert sb.spec == spec and rt.budget.live == 2 and rt.budget.peak == 2
+        # The same spec as the pool takes the remaining warm one: no start at all.
+        same = await job_start(rt, WARM)
+        assert warm.taken == 1 and warm.ready == 0 and len(rt.starts) == 3
+        await sb.aclose()
+        await same.aclose()
+        await until(lambda: len(pending(rt, warm=True)) == 2)  # refilling
+
+
+async def test_a_lowered_budget_takes_slots_back_from_the_warm_pool(rt: FakeRuntime) -> None:
+    rt.budget.resize(4)
+    async with WarmPool(rt, WARM, size=8) as warm:
+        warm.start()
+        await until(lambda: len(pending(rt, warm=True)) == 4)
+        for start in pending(rt, warm=True)[:2]:
+            start.ok()
+        await until(lambda: warm.ready == 2)
+        rt.budget.resize(1)  # two idle closed, one start cancelled: down to the capacity
+        await until(lambda: rt.budget.live == 1)
+        assert warm.evicted == 2 and warm.cancelled == 1 and warm.ready + warm.starting == 1
+
+
+async def test_a_waiter_that_goes_away_does_not_leave_the_pool_stuck(rt: FakeRuntime) -> None:
+    """The slot given back for a cancelled waiter is not lost: the pool refills it."""
+    rt.budget.resize(1)
+    async with WarmPool(rt, WARM, size=1) as warm:
+        warm.start()
+        await until(lambda: len(pending(rt, warm=True)) == 1)
+        pending(rt, warm=True)[0].ok()
+        await until(lambda: warm.ready == 1)
+        gate_open = False
+        rt.budget.gate("init", lambda: gate_open)
+        job = job_start(rt, FILES)  # evicts the idle one at once (a full budget), then waits
+        await until(lambda: rt.budget.waiting == 1 and warm.ready == 0)
+        job.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await job
+        await until(lambda: len(pending(rt, warm=True)) == 1)  # refilling the freed slot
+        assert rt.budget.waiting == 0 and rt.budget.live == 1
+
+
+SEEDS = int(os.environ.get("PRORL_WARM_SEEDS", "30"))
+
+
+@pytest.mark.parametrize("seed", range(SEEDS))
+async def test_no_start_waits_behind_a_warm_slot_in_any_order(tmp_path: Path, seed: int) -> None:
+    """Random orders of warm starts ending well or badly, job starts of every stage and
+    spec, closes, cancels, idle warm sandboxes dying, gate changes and resizes. After
+    every step: nobody waits while the pool holds a slot it could give back. At the end
+    every start has ended and every slot is back."""
+    rng = random.Random(seed)
+    rt = FakeRuntime(fake_config(tmp_path))
+    rt.budget.resize(rng.randint(1, 3))
+    gate_open = True
+    rt.budget.gate("init", lambda: gate_open)
+    jobs: list[asyncio.Task[FakeSandbox]] = []
+    held: list[FakeSandbox] = []
+    where = f"seed {seed} (PRORL_WARM_SEEDS)"
+
+    async def step(warm: WarmPool) -> str:
+        nonlocal gate_open
+        what = rng.choice(
+            ["job", "job", "job", "ok", "ok", "ok", "fail", "close", "close", "cancel",
+             "gate", "resize", "die"]
+        )  # fmt: skip
+        if what == "job":
+            spec = rng.choice([WARM, WARM, FILES, LIMITS])
+            jobs.append(job_start(rt, spec, rng.choice(["init", "run", "eval"])))
+        elif what in ("ok", "fail") and rt.pending:
+            start = rng.choice(rt.pending)
+            start.ok() if what == "ok" else start.fail()
+        elif what == "close":
+            for task in [t for t in jobs if t.done() and not t.cancelled()]:
+                if task.exception() is None:
+                    held.append(task.result())
+                jobs.remove(task)
+            if held:
+                await held.pop(rng.randrange(len(held))).aclose()
+        elif what == "cancel" and jobs:
+            rng.choice(jobs).cancel()
+        elif what == "gate":
+            gate_open = not gate_open
+            rt.budget.wake()
+        elif what == "resize":
+            rt.budget.resize(rng.randint(1, 3))
+        elif what == "die" and warm._idle:
+            sb = rng.choice(list(warm._idle))[0]
+            assert isinstance(sb, FakeSandbox)
+            sb.dead = True
+        return what
+
+    try:
+        async with WarmPool(rt, WARM, size=rng.randint(1, 4)) as warm:
+            warm.start()
+            for n in range(150):
+                what = await step(warm)
+                try:
+                    await until(lambda: not holds_slot_a_waiter_needs(rt, warm))
+                except TimeoutError:
+                    pytest.fail(
+                        f"{where}, step {n} ({what}): {rt.budget.waiting} waiting, "
+                        f"live {rt.budget.live}/{rt.budget.capacity}, warm ready "
+                        f"{warm.ready}, starting {len(pending(rt, warm=True))}"
+                    )
+            # Drain: the gate opens, every start succeeds, every job closes its sandbox.
+            gate_open = True
+            rt.budget.wake()
+
+            async def drained() -> bool:
+                for start in list(rt.pending):
+                    start.ok()
+                for task in [t for t in jobs if t.done()]:
+                    if not task.cancelled() and task.exception() is None:
+                        await task.result().aclose()
+                    jobs.remove(task)
+                for sb in held:
+                    await sb.aclose()
+                held.clear()
+                return not jobs and rt.budget.waiting == 0
+
+            try:
+                await until(drained)
+            except TimeoutError:
+                pytest.fail(
+                    f"{where}: {len(jobs)} starts never ended; {rt.budget.waiting} wait, "
+                    f"live {rt.budget.live}/{rt.budget.capacity} ({rt.live} sandboxes), warm "
+                    f"ready {warm.ready}, {len(rt.pending)} starts pending"
+                )
+            # What is left is the pool's own (warm excepted, nothing is live).
+            await until(lambda: rt.budget.live == warm.ready + len(pending(rt, warm=True)))
+        assert rt.budget.live == 0 and rt.live == 0 and not rt.pending, where
+    finally:
+        for task in jobs:
+            task.cancel()
+        if jobs:
+            await asyncio.wait(jobs)
+        await rt.aclose()
