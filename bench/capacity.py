@@ -22,9 +22,13 @@ Static configurations run as the server did before just-in-time INIT (``jit_init
 Printed per configuration: completed jobs/s, p50/p99 job latency (submit to result),
 idle sandbox-seconds (alive, waiting in a queue), and the ratios the issue targets.
 A second part starts real bwrap sandboxes for math jobs (scripted LLM test double) and
-prints INIT p50 with and without warm sandboxes.
+prints INIT p50 with and without warm sandboxes. A third compares just-in-time INIT with
+eager INIT on real bwrap sandboxes behind one slow backend that decodes two requests at a
+time: the peak of live sandboxes and RUN's idle sandbox-seconds (these timings used to be
+asserted in tests/capacity/test_jit.py, which now checks the gate's decisions only).
 
     python bench/capacity.py [--jobs 128] [--workload mixed|shift|both] [--skip-warm]
+                             [--skip-jit] [--jit-only]
 """
 
 from __future__ import annotations
@@ -235,12 +239,68 @@ async def _math_inits(llm_cls: Any, jobs: int, warm: int) -> list[float]:
     return inits
 
 
+# JIT against eager INIT: (what, jobs, RUN workers, backend max_inflight, backend TTFT s,
+# and the targets the test suite used to assert: JIT's peak at most, idle ratio below).
+JIT_CASES = [
+    ("RUN 64 workers, backend declares max_inflight=2", 30, 64, 2, 0.5, 8, 0.3),
+    ("RUN 2 workers, nothing declared", 8, 2, None, 1.5, 5, 0.5),
+]
+
+
+async def jit_vs_eager() -> None:
+    from prorl_async.sandbox import bwrap_problem
+
+    problem = bwrap_problem()
+    if problem is not None:
+        print(f"JIT vs eager INIT: skipped, bwrap unusable here ({problem})")
+        return
+    print("JIT vs eager INIT (real bwrap sandboxes, one backend decoding 2 at once, INIT 8):")
+    for what, jobs, run_workers, inflight, ttft, bound, below in JIT_CASES:
+        got = {}
+        for jit in (True, False):
+            got[jit] = await _jit_run(jobs, run_workers, inflight, ttft, jit)
+        (peak_j, idle_j), (peak_e, idle_e) = got[True], got[False]
+        ratio = idle_j / idle_e if idle_e else float("nan")
+        print(
+            f"  {what}, {jobs} jobs: peak live sandboxes JIT {peak_j} vs eager {peak_e} "
+            f"(JIT <= {bound}: {'met' if peak_j <= bound else 'NOT met'}); RUN idle "
+            f"sandbox-s JIT {idle_j:.1f} vs eager {idle_e:.1f} = {ratio:.2f}x "
+            f"(< {below}x: {'met' if ratio < below else 'NOT met'})",
+            flush=True,
+        )
+
+
+async def _jit_run(
+    jobs: int, run_workers: int, inflight: int | None, ttft: float, jit: bool
+) -> tuple[int, float]:
+    from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
+
+    with tempfile.TemporaryDirectory() as state:
+        overrides = {"port": 0, "state_dir": state, "runtime": "bwrap", "init_workers": 8,
+                     "run_workers": run_workers, "max_sandboxes": 64, "jit_init": jit}  # fmt: skip
+        cfg = load_config(overrides=overrides, env={})
+        latency = LatencyModel(ttft_s=ttft, capacity=2)
+        async with (
+            ScriptedLLM(policy="finish", latency=latency) as llm,
+            run_server(cfg) as (_, url),
+            RolloutClient(url) as client,
+        ):
+            await client.add_llm_server(llm.address, max_inflight=inflight)
+            batch = [{"task": "sandbox", "instance": {"prompt": f"p{i}"}} for i in range(jobs)]
+            docs = await drain(client, await client.submit_batch(batch))
+            assert all(d["status"] == "done" for d in docs), {d["status"] for d in docs}
+            status = await client.status()
+    return status["sandbox_budget"]["peak"], status["idle_sandbox_seconds"]["run"]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=128)
     parser.add_argument("--workload", choices=["mixed", "shift", "both"], default="both")
     parser.add_argument("--warm-jobs", type=int, default=20)
     parser.add_argument("--skip-warm", action="store_true")
+    parser.add_argument("--skip-jit", action="store_true", help="no JIT vs eager INIT part")
+    parser.add_argument("--jit-only", action="store_true", help="only the JIT vs eager part")
     parser.add_argument("--auto-only", action="store_true", help="only the autoscale run")
     parser.add_argument("--debug", action="store_true", help="log the autoscaler's decisions")
     args = parser.parse_args()
@@ -248,12 +308,15 @@ async def main() -> None:
         logging.basicConfig(format="%(relativeCreated)8.0f ms %(message)s")
         logging.getLogger("prorl_async.capacity.autoscale").setLevel(logging.DEBUG)
     t0 = time.perf_counter()
-    for kind in ["mixed", "shift"] if args.workload == "both" else [args.workload]:
+    kinds = ["mixed", "shift"] if args.workload == "both" else [args.workload]
+    for kind in [] if args.jit_only else kinds:
         rows, bound = await grid(kind, args.jobs, args.auto_only)
         if not args.auto_only:
             verdict(rows, bound)
-    if not args.skip_warm:
+    if not args.skip_warm and not args.jit_only:
         await warm_init(args.warm_jobs)
+    if not args.skip_jit:
+        await jit_vs_eager()
     print(f"bench wall time {time.perf_counter() - t0:.0f} s")
 
 

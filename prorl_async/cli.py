@@ -1,4 +1,4 @@
-"""The ``prorl-async`` command line."""
+"""The prorl-async command line: one subcommand per tool (serve, demo, scripted-llm, ...)."""
 
 from __future__ import annotations
 
@@ -6,55 +6,116 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from prorl_async.config import ConfigError, load_config
+from prorl_async.config import ConfigError, ServerConfig, load_config
 
-__all__ = ["main"]
+__all__ = ["DELEGATED", "RUNTIMES", "build_parser", "main"]
+
+# Fixed sets the server accepts (config.py checks the same, whatever the source).
+RUNTIMES = ("auto", "bwrap", "apptainer", "local")
+STORES = ("sqlite", "memory")
+ON_RESTART = ("requeue", "fail")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+# Subcommands with a parser of their own: name -> (module with main(argv), one-line help).
+DELEGATED = {
+    "scripted-llm": (
+        "prorl_async.scripted_llm",
+        "run the scripted LLM test double (vLLM/SGLang protocol)",
+    ),
+    "build-image": (
+        "prorl_async.sandbox.images",
+        "build an Apptainer .sif from a template in sif_templates/",
+    ),
+    "demo": (
+        "prorl_async.demo",
+        "run the demo: server + scripted LLM + a task mix, print a summary",
+    ),
+    "cluster": (
+        "prorl_async.cluster._cli",
+        "multi-node: backend assignment, Slurm node launcher and bring-up",
+    ),
+    "collect": (
+        "prorl_async.trainer.collect",
+        "fill GRPO batches from rollout servers (trainer-side smoke test)",
+    ),
+    "vllm-cpu": (
+        "prorl_async.vllm_cpu._cli",
+        "a real vLLM on CPU in its own venv: setup, model, serve",
+    ),
+}
+
+_SERVE_DESCRIPTION = (
+    "Run the rollout server until SIGTERM or Ctrl-C. Each flag overrides its PRORL_<FIELD> "
+    "environment variable, which overrides --config; the defaults shown are the built-in "
+    "ones (every field: docs/config.md)."
+)
 
 
 def _serve_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("serve", help="run the rollout server")
-    p.add_argument("--host", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, help="port (default 8400; 0 picks a free one)")
-    p.add_argument("--port-file", help="write the bound port here once listening")
-    p.add_argument("--config", help="TOML file with ServerConfig fields")
-    p.add_argument(
-        "--token-file",
-        help="require 'Authorization: Bearer TOKEN', TOKEN read from this file "
-        "(or set PRORL_TOKEN)",
-    )
-    p.add_argument("--token", help="the token itself (shows in ps: prefer the above)")
-    p.add_argument("--init-workers", type=int)
-    p.add_argument("--run-workers", type=int)
-    p.add_argument("--eval-workers", type=int)
-    p.add_argument("--state-dir", help="where the server writes (default: per-user cache dir)")
-    p.add_argument("--store", help="job store: sqlite (durable, default) or memory")
-    p.add_argument(
-        "--on-restart", help="unfinished jobs of a dead server: requeue (default) or fail"
-    )
-    p.add_argument("--retention-s", type=float, help="seconds results are kept (default 3600)")
-    p.add_argument(
-        "--reset-state",
-        action="store_true",
-        default=None,
-        help="move an unreadable job database aside (renamed with a timestamp) and start",
-    )
-    p.add_argument("--tokenizer", help="Hugging Face tokenizer directory (default: bundled demo)")
-    p.add_argument("--runtime", help="sandbox runtime: auto|bwrap|apptainer|local")
-    p.add_argument("--max-model-len", type=int)
-    p.add_argument("--read-timeout-s", type=float, help="headers and body must arrive within (30)")
-    p.add_argument("--keepalive-s", type=float, help="close idle keep-alive connections after (75)")
-    p.add_argument("--max-connections", type=int, help="open connections at once (10000)")
-    p.add_argument("--log-level")
-    p.add_argument(
-        "--max-sandboxes", type=int, help="live sandboxes at most (default: memory / limit)"
-    )
-    p.add_argument("--warm-sandboxes", type=int, help="sandboxes kept started ahead (default 0)")
-    p.add_argument(
-        "--autoscale",
-        action="store_true",
-        default=None,
-        help="set stage workers from load (bounds: [autoscaling] in the config)",
-    )
+    p = sub.add_parser("serve", help="run the rollout server", description=_SERVE_DESCRIPTION)
+    d = ServerConfig()
+    _listen_flags(p.add_argument_group("listening and auth"), d)
+    _pipeline_flags(p.add_argument_group("pipeline and state"), d)
+    _llm_sandbox_flags(p.add_argument_group("LLM and sandboxes"), d)
+
+
+def _listen_flags(g: argparse._ArgumentGroup, d: ServerConfig) -> None:
+    add = g.add_argument
+    add("--config", metavar="FILE", help="TOML file of ServerConfig fields (default: none)")
+    add("--host", metavar="ADDR", help=f"bind address (default {d.host})")
+    add("--port", type=int, help=f"port; 0 picks a free one (default {d.port})")
+    add("--port-file", metavar="FILE", help="write the bound port here once listening "
+        "(default: none)")  # fmt: skip
+    add("--token-file", metavar="FILE", help="require 'Authorization: Bearer TOKEN', TOKEN "
+        "read from this file (default: $PRORL_TOKEN if set, else no token)")  # fmt: skip
+    add("--token", help="the token itself; shows in ps, prefer --token-file (default: none)")
+    add("--tokens-file", metavar="FILE", help="TOML file (mode 600) of [tenants.NAME] tables: "
+        "token, max_inflight, weight, admin (default: none)")  # fmt: skip
+    add("--read-timeout-s", type=float, metavar="S", help="a request's headers and body must "
+        f"arrive within this many seconds (default {d.read_timeout_s:g})")  # fmt: skip
+    add("--keepalive-s", type=float, metavar="S", help="close idle keep-alive connections "
+        f"after this many seconds (default {d.keepalive_s:g})")  # fmt: skip
+    add("--max-connections", type=int, metavar="N",
+        help=f"open connections at once (default {d.max_connections})")  # fmt: skip
+    add("--log-level", type=str.lower, choices=LOG_LEVELS,
+        help=f"log messages of this level and above: {', '.join(LOG_LEVELS)} "
+        f"(default {d.log_level})")  # fmt: skip
+
+
+def _pipeline_flags(g: argparse._ArgumentGroup, d: ServerConfig) -> None:
+    add = g.add_argument
+    for stage, what in (("init", "start sandboxes and tools"), ("run", "run agent loops"),
+                        ("eval", "score")):  # fmt: skip
+        default = getattr(d, f"{stage}_workers")
+        add(f"--{stage}-workers", type=int, metavar="N", help=f"{stage.upper()} stage "
+            f"workers: jobs that {what} at once (default {default})")  # fmt: skip
+    add("--autoscale", action="store_true", default=None, help="set stage workers from load; "
+        "bounds in [autoscaling] of --config (default: off)")  # fmt: skip
+    add("--state-dir", metavar="DIR", help=f"where the server writes (default {d.state_dir})")
+    add("--store", choices=STORES, help="job store: sqlite (durable, in --state-dir) or "
+        f"memory (lost on exit) (default {d.store})")  # fmt: skip
+    add("--on-restart", choices=ON_RESTART, help="jobs a dead server accepted and never "
+        f"finished: requeue (run them again) or fail them (default {d.on_restart})")  # fmt: skip
+    add("--retention-s", type=float, metavar="S",
+        help=f"seconds finished results are kept (default {d.retention_s:g})")  # fmt: skip
+    add("--reset-state", action="store_true", default=None, help="move an unreadable job "
+        "database aside (renamed with a timestamp) and start (default: refuse to start, "
+        "naming the file)")  # fmt: skip
+
+
+def _llm_sandbox_flags(g: argparse._ArgumentGroup, d: ServerConfig) -> None:
+    add = g.add_argument
+    add("--tokenizer", metavar="DIR", help="Hugging Face tokenizer directory of the model "
+        "(default: the bundled demo vocabulary)")  # fmt: skip
+    add("--max-model-len", type=int, metavar="N", help="context tokens a job may use; an "
+        f"engine's own window caps it further (default {d.max_model_len})")  # fmt: skip
+    add("--runtime", choices=RUNTIMES, help="sandbox runtime: auto (bwrap where it works, "
+        "else local), bwrap, apptainer (.sif images) or local (plain processes, no "
+        f"isolation) (default {d.runtime})")  # fmt: skip
+    add("--max-sandboxes", type=int, metavar="N", help="live sandboxes at most (default: "
+        "physical memory / per-sandbox memory limit, at least 8)")  # fmt: skip
+    add("--warm-sandboxes", type=int, metavar="N",
+        help=f"sandboxes kept started ahead (default {d.warm_sandboxes})")  # fmt: skip
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -70,20 +131,20 @@ def _serve(args: argparse.Namespace) -> int:
     return serve(config)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser: ``serve`` in full, the other subcommands as names (each
+    parses its own arguments, see ``DELEGATED``)."""
     parser = argparse.ArgumentParser(prog="prorl-async", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     _serve_parser(sub)
-    for name, text in (
-        ("scripted-llm", "run the scripted LLM test double (vLLM/SGLang protocol)"),
-        ("build-image", "build an Apptainer .sif from a template in sif_templates/"),
-        ("demo", "run the demo: server + scripted LLM + a task mix, print a summary"),
-        ("cluster", "multi-node: backend assignment, Slurm node launcher and bring-up"),
-        ("collect", "fill GRPO batches from rollout servers (trainer-side smoke test)"),
-        ("vllm-cpu", "a real vLLM on CPU in its own venv: setup, model, serve"),
-    ):
+    for name, (_, text) in DELEGATED.items():
         sub.add_parser(name, help=text, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
     args, rest = parser.parse_known_args(argv)
     if args.command == "serve":
         if rest:
@@ -95,15 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _delegate(command: str, rest: list[str]) -> int:
     import importlib
 
-    module = {
-        "scripted-llm": "prorl_async.scripted_llm",
-        "build-image": "prorl_async.sandbox.images",
-        "demo": "prorl_async.demo",
-        "cluster": "prorl_async.cluster._cli",
-        "collect": "prorl_async.trainer.collect",
-        "vllm-cpu": "prorl_async.vllm_cpu._cli",
-    }[command]
-    run = importlib.import_module(module).main
+    run = importlib.import_module(DELEGATED[command][0]).main
     return int(run(rest) or 0)
 
 

@@ -11,10 +11,14 @@ import msgspec
 
 __all__ = [
     "BadRequestError",
+    "ConflictError",
+    "ForbiddenError",
+    "GoneError",
     "NotFoundError",
     "RolloutClient",
     "RolloutError",
     "ServiceUnavailableError",
+    "TooManyRequestsError",
     "UnauthorizedError",
     "UnprocessableError",
 ]
@@ -38,8 +42,26 @@ class UnauthorizedError(RolloutError):
     """401: missing or wrong token."""
 
 
+class ForbiddenError(RolloutError):
+    """403: this tenant may not call an admin route."""
+
+
 class NotFoundError(RolloutError):
     """404: unknown job id or backend."""
+
+
+class ConflictError(RolloutError):
+    """409: a job id another tenant uses."""
+
+
+class GoneError(RolloutError):
+    """410: a ``/results`` cursor older than retention; ``oldest_seq`` is still held."""
+
+    oldest_seq = 0
+
+
+class TooManyRequestsError(RolloutError):
+    """429: over this tenant's ``max_inflight``; ``retry_after`` says when to try again."""
 
 
 class PayloadTooLargeError(RolloutError):
@@ -57,9 +79,13 @@ class ServiceUnavailableError(RolloutError):
 _ERRORS: dict[int, type[RolloutError]] = {
     400: BadRequestError,
     401: UnauthorizedError,
+    403: ForbiddenError,
     404: NotFoundError,
+    409: ConflictError,
+    410: GoneError,
     413: PayloadTooLargeError,
     422: UnprocessableError,
+    429: TooManyRequestsError,
     503: ServiceUnavailableError,
 }
 _encoder = msgspec.json.Encoder()
@@ -132,9 +158,12 @@ class RolloutClient:
         job_id: str | None = None,
         timeout_s: float | None = None,
         metadata: dict[str, Any] | None = None,
+        callback_url: str | None = None,
     ) -> str:
         """Submit one rollout; returns its job id at once."""
         body = _job(task, instance, sampling_params, job_id, timeout_s, metadata)
+        if callback_url is not None:
+            body["callback_url"] = callback_url
         _, out = await self._call("POST", "/process", body)
         return str(out["job_id"])
 
@@ -151,6 +180,16 @@ class RolloutClient:
     async def poll(self, job_ids: list[str], wait: float = 0.0) -> dict[str, Any]:
         """``{"done": [...], "pending": [...], "unknown": [...]}``."""
         _, out = await self._call("POST", "/poll", {"job_ids": job_ids, "wait": wait}, wait=wait)
+        return dict(out)
+
+    async def results(
+        self, after: int | None = None, *, limit: int = 1000, wait: float = 0.0
+    ) -> dict[str, Any]:
+        """``{"results": [...], "next": seq, "epoch": str}``: this tenant's results after
+        the cursor ``after`` (None: the oldest held) in seq order, waiting up to ``wait``
+        seconds for one. Raises ``GoneError`` for a cursor older than retention."""
+        query = f"?limit={limit}&wait={wait}" + ("" if after is None else f"&after={after}")
+        _, out = await self._call("GET", "/results" + query, wait=wait)
         return dict(out)
 
     async def cancel(self, job_ids: str | list[str]) -> dict[str, list[str]]:
@@ -218,6 +257,41 @@ class RolloutClient:
         _, out = await self._call("POST", "/clear_llm_server")
         return list(out["backends"])
 
+    # -- weight updates in place (docs/API.md "Weight updates") ------------------------------
+
+    async def weights(self) -> list[dict[str, Any]]:
+        """``GET /weights``: per backend its version, whether paused, its last load."""
+        _, out = await self._call("GET", "/weights")
+        return list(out["backends"])
+
+    async def pause_weights(
+        self, mode: str = "abort", backends: list[str] | None = None, *, wait: float = 600.0
+    ) -> dict[str, Any]:
+        """Pause generation (``wait`` bounds a ``wait``-mode pause: in-flight turns finish)."""
+        body: dict[str, Any] = {"mode": mode}
+        if backends is not None:
+            body["backends"] = backends
+        _, out = await self._call("POST", "/weights/pause", body, wait=wait)
+        return dict(out)
+
+    async def resume_weights(
+        self, version: int | str | None = None, backends: list[str] | None = None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {} if version is None else {"version": version}
+        if backends is not None:
+            body["backends"] = backends
+        _, out = await self._call("POST", "/weights/resume", body)
+        return dict(out)
+
+    async def load_weights(
+        self, version: int | str, path: str, mode: str = "abort", *, wait: float = 900.0
+    ) -> dict[str, Any]:
+        """Pause, load ``path`` on every engine of the server in place, resume at ``version``
+        (``wait`` bounds the whole operation: a ``wait``-mode pause and the loads)."""
+        body = {"version": version, "path": path, "mode": mode}
+        _, out = await self._call("POST", "/weights/load", body, wait=wait)
+        return dict(out)
+
 
 def _job(
     task: str,
@@ -239,9 +313,14 @@ def _job(
 
 
 def _error(status: int, raw: bytes, retry_after: str | None) -> RolloutError:
+    doc: Any = None
     try:
-        detail = str(_decoder.decode(raw).get("detail", ""))
+        doc = _decoder.decode(raw)
+        detail = str(doc.get("detail", ""))
     except (msgspec.DecodeError, AttributeError):
         detail = raw.decode(errors="replace")[:500]
     after = float(retry_after) if retry_after and retry_after.isdigit() else None
-    return _ERRORS.get(status, RolloutError)(status, detail, after)
+    error = _ERRORS.get(status, RolloutError)(status, detail, after)
+    if isinstance(error, GoneError) and isinstance(doc, dict):
+        error.oldest_seq = int(doc.get("oldest_seq") or 0)
+    return error

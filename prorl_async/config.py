@@ -16,8 +16,10 @@ import msgspec
 
 from prorl_async.capacity.autoscale import AutoscaleConfig
 from prorl_async.llm.pool import PoolConfig
+from prorl_async.notify.config import CallbacksConfig, EventsConfig, NotifyConfigError
 from prorl_async.sandbox.limits import SandboxLimits
 from prorl_async.sandbox.spec import RuntimeConfig, SpecError
+from prorl_async.tenancy.config import TenantConfig, TenantsError, check_tenants, read_tokens_file
 
 __all__ = ["ConfigError", "ServerConfig", "default_state_dir", "load_config"]
 
@@ -39,6 +41,14 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     token: str | None = None
     # A file holding the token (surrounding whitespace dropped); exclusive with token.
     token_file: str | None = None
+    # TOML file (mode 600) of [tenants.NAME] tables: token, max_inflight, weight, admin.
+    tokens_file: str | None = None
+    # The tenants (from tokens_file, or [tenants.NAME] tables here); each its own token.
+    tenants: dict[str, TenantConfig] = msgspec.field(default_factory=dict)
+    # [callbacks]: allow_hosts, secret_file (or PRORL_CALLBACK_SECRET), retries.
+    callbacks: CallbacksConfig = msgspec.field(default_factory=CallbacksConfig)
+    # [events]: the GET /events stream's heartbeat and per-consumer buffer bound.
+    events: EventsConfig = msgspec.field(default_factory=EventsConfig)
     state_dir: str = msgspec.field(default_factory=default_state_dir)
     init_workers: int = 8
     run_workers: int = 64
@@ -140,7 +150,21 @@ def load_config(
     _check(cfg)
     if cfg.token_file is not None:
         cfg = msgspec.structs.replace(cfg, token=_read_token(cfg))
-    return cfg
+    return _with_tenants_and_secret(cfg, os.environ if env is None else env)
+
+
+def _with_tenants_and_secret(cfg: ServerConfig, env: Mapping[str, str]) -> ServerConfig:
+    try:
+        tenants = dict(cfg.tenants)
+        if cfg.tokens_file is not None:
+            tenants.update(read_tokens_file(cfg.tokens_file))
+        callbacks = cfg.callbacks.with_secret(env)
+    except (TenantsError, NotifyConfigError) as exc:
+        raise ConfigError(str(exc)) from None
+    problem = check_tenants(tenants, cfg.token) or callbacks.problem() or cfg.events.problem()
+    if problem is not None:
+        raise ConfigError(problem)
+    return msgspec.structs.replace(cfg, tenants=tenants, callbacks=callbacks)
 
 
 def _read_token(cfg: ServerConfig) -> str:

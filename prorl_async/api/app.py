@@ -11,9 +11,12 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
+from prorl_async.api.access import TENANTS, tenant_middleware
 from prorl_async.api.connections import ConnectionGuard, clamp_connections
-from prorl_async.api.middleware import MAX_BODY, error_middleware, make_auth_middleware
+from prorl_async.api.events import register_events
+from prorl_async.api.middleware import MAX_BODY, error_middleware
 from prorl_async.api.routes import SERVICE, routes
+from prorl_async.api.weights import weight_routes
 from prorl_async.config import ServerConfig
 from prorl_async.core.handler import HandlerRegistry
 from prorl_async.service import RolloutService
@@ -28,12 +31,13 @@ CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> web.Application:
     """The web application; app-wide resources live in one cleanup context."""
     app = web.Application(
-        middlewares=[error_middleware, make_auth_middleware(config.token)],
+        middlewares=[error_middleware, tenant_middleware],
         client_max_size=config.max_body_bytes,
     )
     app[MAX_BODY] = config.max_body_bytes
     service = RolloutService(config, registry)
     app[SERVICE] = service
+    app[TENANTS] = service.tenants  # bearer token -> tenant (api/access.py)
     app[CONNECTIONS] = ConnectionGuard(
         max_connections=clamp_connections(config.max_connections),
         read_timeout_s=config.read_timeout_s,
@@ -43,6 +47,8 @@ def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> 
         access_log=None,
     )
     app.add_routes(routes)
+    app.add_routes(weight_routes)
+    register_events(app)  # /results, /events, /jobs/{job_id}/callback
     app.cleanup_ctx.append(_service_ctx)
     return app
 

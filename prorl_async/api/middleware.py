@@ -1,31 +1,35 @@
-"""One error-mapping middleware and the optional bearer-token check."""
+"""One error-mapping middleware (auth: ``api/access.py``)."""
 
 from __future__ import annotations
 
-import hmac
 import logging
 
 import msgspec
 from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
+from aiohttp.typedefs import Handler
 
-from prorl_async.core.errors import ProblemError, Unauthorized
+from prorl_async.core.errors import ProblemError
 from prorl_async.schemas import Problem
 
-__all__ = ["MAX_BODY", "error_middleware", "make_auth_middleware", "problem_response"]
+__all__ = ["MAX_BODY", "error_middleware", "problem_response"]
 
 log = logging.getLogger(__name__)
 
 _encoder = msgspec.json.Encoder()
 MAX_BODY = web.AppKey("max_body_bytes", int)
-_OPEN_PATHS = frozenset({"/healthz", "/metrics"})
 PROBLEM_TYPE = "about:blank"
 
 
 def problem_response(
-    status: int, title: str, detail: str, headers: dict[str, str] | None = None
+    status: int,
+    title: str,
+    detail: str,
+    headers: dict[str, str] | None = None,
+    extra: dict[str, object] | None = None,
 ) -> web.Response:
-    body = _encoder.encode(Problem(type=PROBLEM_TYPE, title=title, status=status, detail=detail))
+    problem = Problem(type=PROBLEM_TYPE, title=title, status=status, detail=detail)
+    # Extension members (e.g. a 410's oldest_seq) beside the four fixed ones.
+    body = _encoder.encode({**msgspec.structs.asdict(problem), **extra} if extra else problem)
     return web.Response(
         body=body, status=status, headers=headers, content_type="application/problem+json"
     )
@@ -38,7 +42,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response: web.StreamResponse = await handler(request)
         return response
     except ProblemError as exc:
-        problem = problem_response(exc.status, exc.title, exc.detail, exc.headers)
+        problem = problem_response(exc.status, exc.title, exc.detail, exc.headers, exc.extra)
         if exc.close_connection:
             problem.force_close()
         return problem
@@ -53,20 +57,3 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except Exception:
         log.exception("unhandled error in %s %s", request.method, request.path)
         return problem_response(500, "Internal Server Error", "internal error (logged)")
-
-
-def make_auth_middleware(token: str | None) -> Middleware:
-    """Bearer-token check, constant-time; ``/healthz`` and ``/metrics`` stay open."""
-    expected = f"Bearer {token}".encode() if token else None
-
-    @web.middleware
-    async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if expected is not None and request.path not in _OPEN_PATHS:
-            # Undecodable header bytes arrive as surrogates; they must fail the compare, not raise.
-            given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
-            if not hmac.compare_digest(given, expected):
-                raise Unauthorized("missing or wrong bearer token in the Authorization header")
-        response: web.StreamResponse = await handler(request)
-        return response
-
-    return auth_middleware

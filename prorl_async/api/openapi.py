@@ -12,6 +12,7 @@ from prorl_async.schemas import (
     AddLLMServerRequest,
     BatchRequest,
     BatchResponse,
+    CallbackInfo,
     CancelRequest,
     CancelResponse,
     JobStatusResponse,
@@ -21,8 +22,12 @@ from prorl_async.schemas import (
     ProcessRequest,
     RemoveLLMServerRequest,
     ResultDoc,
+    ResultsResponse,
     StatusResponse,
     SubmitResponse,
+    WeightsLoadRequest,
+    WeightsPauseRequest,
+    WeightsResumeRequest,
     WorkersRequest,
 )
 from prorl_async.util.version import __version__
@@ -39,10 +44,15 @@ _TYPES: list[Any] = [
     AddLLMServerRequest,
     RemoveLLMServerRequest,
     WorkersRequest,
+    WeightsPauseRequest,
+    WeightsResumeRequest,
+    WeightsLoadRequest,
     SubmitResponse,
     BatchResponse,
     JobStatusResponse,
     ResultDoc,
+    ResultsResponse,
+    CallbackInfo,
     PollResponse,
     CancelResponse,
     StatusResponse,
@@ -171,8 +181,73 @@ def _paths() -> dict[str, Any]:
                 },
             )
         },
+        "/weights": {"get": _op("Weight version per backend", None, {"200": _resp("backends")})},
+        "/weights/pause": {
+            "post": _op(
+                "Pause generation on the engines for a weight update",
+                WeightsPauseRequest,
+                {"200": _resp("paused backends, interrupted generations")},
+            )
+        },
+        "/weights/resume": {
+            "post": _op(
+                "Resume the engines (tokens from now on carry the version)",
+                WeightsResumeRequest,
+                {"200": _resp("resumed backends")},
+            )
+        },
+        "/weights/load": {
+            "post": _op(
+                "Pause, load a checkpoint on every engine in place, resume with a version",
+                WeightsLoadRequest,
+                {"200": _resp("per-backend load results")},
+            )
+        },
+        **_result_paths(),
         "/healthz": {"get": _op("Liveness", None, {"200": _resp("alive")})},
         "/openapi.json": {"get": _op("This document", None, {"200": _resp("OpenAPI 3")})},
+    }
+
+
+def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "in": "query", "required": False, "schema": schema}
+
+
+def _result_paths() -> dict[str, Any]:
+    seq = {"type": "integer", "minimum": 0, "maximum": 2**62}
+    stream = {
+        "description": "text/event-stream: one `event: job` per terminal job, `id:` its seq",
+        "content": {"text/event-stream": {"schema": {"type": "string"}}},
+    }
+    return {
+        "/results": {
+            "get": {
+                **_op(
+                    "Terminal jobs' results after a cursor, in completion order",
+                    None,
+                    {"200": _resp("results and the next cursor", ResultsResponse)},
+                ),
+                "parameters": [
+                    _query("after", seq),
+                    _query("limit", {"type": "integer", "minimum": 0, "maximum": 10_000}),
+                    _WAIT,
+                ],
+            }
+        },
+        "/events": {
+            "get": {
+                **_op("Server-Sent Events of terminal jobs", None, {"200": stream}),
+                "parameters": [_query("after", seq)],
+            }
+        },
+        "/jobs/{job_id}/callback": {
+            "get": {
+                **_op(
+                    "The callback delivery of a job", None, {"200": _resp("state", CallbackInfo)}
+                ),
+                "parameters": [_JOB_ID],
+            }
+        },
     }
 
 

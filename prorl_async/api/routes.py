@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import msgspec
 from aiohttp import web
 
+from prorl_async.api.access import viewer
 from prorl_async.api.openapi import openapi_document
 from prorl_async.core.errors import (
     BadRequest,
@@ -33,7 +34,7 @@ from prorl_async.schemas import (
 )
 from prorl_async.service import RolloutService
 
-__all__ = ["SERVICE", "routes"]
+__all__ = ["SERVICE", "decode_body", "json_response", "routes"]
 
 T = TypeVar("T")
 
@@ -70,8 +71,9 @@ async def _read(request: web.Request) -> bytes:
 
 async def _decode(request: web.Request, kind: type[T]) -> T:
     body = await _read(request)
+    decoder = _decoders.get(kind) or _decoders.setdefault(kind, msgspec.json.Decoder(kind))
     try:
-        result: T = _decoders[kind].decode(body)
+        result: T = decoder.decode(body)
     except msgspec.ValidationError as exc:
         raise BadRequest(f"invalid body: {exc}") from None
     except msgspec.DecodeError as exc:
@@ -97,6 +99,11 @@ def _service(request: web.Request) -> RolloutService:
     return request.app[SERVICE]
 
 
+# For the route families in their own modules (api/weights.py, ...).
+decode_body = _decode
+json_response = _json
+
+
 # -- jobs ------------------------------------------------------------------------------------
 
 
@@ -104,7 +111,7 @@ def _service(request: web.Request) -> RolloutService:
 async def process(request: web.Request) -> web.Response:
     req = await _decode(request, ProcessRequest)
     svc = _service(request)
-    job_id, status, created = svc.submit(req)
+    job_id, status, created = svc.submit(req, viewer(request).name)
     await svc.store.sync()  # the job is on disk before the client hears it was accepted
     if created:  # API.md: a new job answers {"status": "queued"}
         return _json(SubmitResponse(job_id=job_id, status="queued"), 202)
@@ -117,7 +124,7 @@ async def process_batch(request: web.Request) -> web.Response:
     svc = _service(request)
     if len(req.jobs) > svc.config.max_batch:
         raise PayloadTooLarge(f"jobs: {len(req.jobs)} jobs, over max_batch={svc.config.max_batch}")
-    ids = svc.submit_batch(req.jobs)
+    ids = svc.submit_batch(req.jobs, viewer(request).name)
     await svc.store.sync()
     return _json(BatchResponse(job_ids=ids), 202)
 
@@ -127,6 +134,8 @@ async def get_job(request: web.Request) -> web.Response:
     wait = _wait_param(request)
     svc = _service(request)
     job_id = request.match_info["job_id"]
+    if svc.foreign(job_id, viewer(request).name):  # another tenant's: as if unknown
+        raise NotFound(f"job_id: unknown job {job_id!r}")
     job = svc.store.get(job_id)
     if job is not None:
         await svc.wait_any([job], wait)
@@ -145,8 +154,9 @@ async def poll(request: web.Request) -> web.Response:
     svc = _service(request)
     store = svc.store
     known, live, unknown = [], [], []
+    me = viewer(request).name
     for job_id in dict.fromkeys(req.job_ids):
-        if store.status(job_id) is None:
+        if store.status(job_id) is None or svc.foreign(job_id, me):
             unknown.append(job_id)
             continue
         known.append(job_id)
@@ -170,7 +180,7 @@ async def poll(request: web.Request) -> web.Response:
 async def delete_job(request: web.Request) -> web.Response:
     svc = _service(request)
     job_id = request.match_info["job_id"]
-    if not await svc.delete(job_id):
+    if not await svc.delete(job_id, viewer(request).name):
         raise NotFound(f"job_id: unknown job {job_id!r}")
     return web.Response(status=204)
 
@@ -181,7 +191,7 @@ async def cancel(request: web.Request) -> web.Response:
     if (req.job_id is None) == (req.job_ids is None):
         raise BadRequest("job_id or job_ids: give one of them, not both")
     ids = [req.job_id] if req.job_id is not None else req.job_ids or []
-    return _json(await _service(request).cancel(ids))
+    return _json(await _service(request).cancel(ids, viewer(request).name))
 
 
 # -- LLM backends ----------------------------------------------------------------------------
@@ -255,7 +265,7 @@ async def workers(request: web.Request) -> web.Response:
 
 @routes.get("/status")
 async def status(request: web.Request) -> web.Response:
-    return _json(_service(request).status())
+    return _json(_service(request).status(viewer(request)))
 
 
 @routes.get("/metrics")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import logging
 import os
 import signal
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -17,7 +19,7 @@ from prorl_async.api.connections import raise_nofile_limit
 from prorl_async.config import ServerConfig
 from prorl_async.store import StateDirBusy, StoreError
 
-__all__ = ["serve", "serve_forever", "write_port_file"]
+__all__ = ["bind_problem", "serve", "serve_forever", "write_port_file"]
 
 log = logging.getLogger("prorl_async")
 
@@ -67,7 +69,23 @@ def serve(config: ServerConfig) -> int:
     except (StateDirBusy, StoreError) as exc:
         log.error("refusing to start: %s", exc)
         return 2
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL):
+            raise
+        sys.stderr.write(f"prorl-async serve: {bind_problem(config.host, config.port, exc)}\n")
+        return 2
     return 0
+
+
+def bind_problem(host: str, port: int, exc: OSError) -> str:
+    """One line: why ``host:port`` cannot be bound, and what to do instead."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"port {port} on {host} is already in use (another server?): stop it, or choose "
+            f"another port with --port {port + 1 if port < 65535 else 8400}, or --port 0 for a "
+            "free one (--port-file FILE tells you which)"
+        )
+    return f"cannot bind {host}:{port} ({exc.strerror}): give --host an address of this machine"
 
 
 def _tune_gc() -> None:

@@ -27,9 +27,19 @@ from prorl_async.cluster.spec import dump_spec, load_spec
 __all__ = ["build_parser", "main"]
 
 
+_DESCRIPTION = """\
+The assignment rule, and the pieces the Slurm launcher (deploy/slurm) runs:
+
+  assign     a cluster document (JSON: servers with url/node, llms with address/node) in,
+             the same document with the assignment filled in out (stdout)
+  node       run this node's rollout servers or LLM servers (a Slurm step)
+  bringup    wait until all are healthy, assign, register, write cluster.json
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``cluster`` subcommands and their flags."""
-    p = argparse.ArgumentParser(prog="prorl-async cluster", description=__doc__,
+    p = argparse.ArgumentParser(prog="prorl-async cluster", description=_DESCRIPTION,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("assign", help="assign LLM backends to rollout servers (JSON in/out)")
@@ -41,27 +51,42 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _node_parser(n: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    n.add_argument("--role", choices=("server", "llm"), required=True)
-    n.add_argument("--run-dir", type=Path, required=True)
+    n.add_argument("--role", choices=("server", "llm"), required=True,
+                   help="server: rollout servers (prorl-async serve); llm: LLM servers "
+                   "started from --llm-cmd")  # fmt: skip
+    n.add_argument("--run-dir", type=Path, required=True,
+                   help="shared directory for addresses, logs and cluster.json")  # fmt: skip
     n.add_argument("--count", type=int, required=True, help="processes on this node")
-    n.add_argument("--node", default=env("SLURMD_NODENAME"), help="default $SLURMD_NODENAME")
+    n.add_argument("--node", default=env("SLURMD_NODENAME"),
+                   help="this node's Slurm name (default $SLURMD_NODENAME)")  # fmt: skip
     n.add_argument("--addr", help="bind address (default: the node's Slurm NodeAddr)")
-    n.add_argument("--state-root", type=Path, help="node-local dir for server state dirs")
-    n.add_argument("--server-args", default=env("PRORL_SERVER_ARGS", ""))
-    n.add_argument("--llm-cmd", default=env("PRORL_LLM_CMD", ""), help="{host} {port} {gpu}")
-    n.add_argument("--grace-s", type=float, default=30.0, help="SIGTERM to SIGKILL")
+    n.add_argument("--state-root", type=Path, help="node-local dir for server state dirs "
+                   "(required with --role server; default: none)")  # fmt: skip
+    n.add_argument("--server-args", default=env("PRORL_SERVER_ARGS", ""),
+                   help="extra prorl-async serve flags (default $PRORL_SERVER_ARGS)")  # fmt: skip
+    n.add_argument("--llm-cmd", default=env("PRORL_LLM_CMD", ""),
+                   help="LLM server command line with {host} {port} {gpu} placeholders "
+                   "(required with --role llm; default $PRORL_LLM_CMD)")  # fmt: skip
+    n.add_argument("--grace-s", type=float, default=30.0,
+                   help="seconds from SIGTERM to SIGKILL at stop (default 30)")  # fmt: skip
 
 
 def _bringup_parser(b: argparse.ArgumentParser) -> None:
-    b.add_argument("--run-dir", type=Path, required=True)
+    b.add_argument("--run-dir", type=Path, required=True,
+                   help="shared directory the node steps write their addresses to")  # fmt: skip
     b.add_argument("--servers", type=int, required=True, help="rollout servers expected")
     b.add_argument("--llms", type=int, required=True, help="LLM servers expected")
-    b.add_argument("--timeout", type=float, default=600.0)
-    b.add_argument("--weight-version", default="0")
-    b.add_argument("--api", choices=("vllm", "sglang"), default="vllm")
-    b.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID", ""))
+    b.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds until all must be healthy (default 600)")  # fmt: skip
+    b.add_argument("--weight-version", default="0",
+                   help="weight version the LLMs are registered with (default 0)")  # fmt: skip
+    b.add_argument("--api", choices=("vllm", "sglang"), default="vllm",
+                   help="LLM servers speak vllm (/v1) or sglang (default vllm)")  # fmt: skip
+    b.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID", ""),
+                   help="Slurm job id written to cluster.json (default $SLURM_JOB_ID)")  # fmt: skip
     b.add_argument("--watch-pid", type=int, action="append", default=[],
-                   help="fail if this process (a launcher step) ends first")  # fmt: skip
+                   help="fail if this process (a launcher step) ends first; repeatable "
+                   "(default: none)")  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,10 +5,13 @@ from __future__ import annotations
 __all__ = [
     "BadRequest",
     "Conflict",
+    "Forbidden",
+    "Gone",
     "NotFound",
     "PayloadTooLarge",
     "ProblemError",
     "RequestTimeout",
+    "TooManyRequests",
     "Unauthorized",
     "Unavailable",
     "Unprocessable",
@@ -22,6 +25,8 @@ class ProblemError(Exception):
     title = "Internal Server Error"
     # Answer, then close the connection (its request was not read to the end).
     close_connection = False
+    # Extension members of the problem+json body (RFC 9457), beside the four fixed ones.
+    extra: dict[str, object] = {}
 
     def __init__(self, detail: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
@@ -37,6 +42,34 @@ class BadRequest(ProblemError):
 class Unauthorized(ProblemError):
     status = 401
     title = "Unauthorized"
+
+
+class Forbidden(ProblemError):
+    """Authenticated, but this tenant may not call the route (an admin route)."""
+
+    status = 403
+    title = "Forbidden"
+
+
+class Gone(ProblemError):
+    """A completion-log cursor older than retention; ``oldest_seq`` is still held."""
+
+    status = 410
+    title = "Gone"
+
+    def __init__(self, detail: str, *, oldest_seq: int) -> None:
+        super().__init__(detail, headers={"X-Prorl-Oldest-Seq": str(oldest_seq)})
+        self.extra = {"oldest_seq": oldest_seq}
+
+
+class TooManyRequests(ProblemError):
+    """Over the tenant's quota; no job was created."""
+
+    status = 429
+    title = "Too Many Requests"
+
+    def __init__(self, detail: str, *, retry_after: float = 1.0) -> None:
+        super().__init__(detail, headers={"Retry-After": str(max(1, round(retry_after)))})
 
 
 class NotFound(ProblemError):

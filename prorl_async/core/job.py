@@ -8,6 +8,7 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from prorl_async.schemas import ErrorInfo, ProcessRequest, Stage
+from prorl_async.tenancy.config import DEFAULT_TENANT
 from prorl_async.util.timer import PausableTimer
 
 if TYPE_CHECKING:
@@ -79,6 +80,11 @@ class Job:
         self.request: ProcessRequest | None = None
         # How many server restarts this job went through (requeued each time).
         self.restarts = 0
+        # Whose job it is (tenancy), its place in the completion log once it ended, and
+        # where its result is POSTed (the request's callback_url).
+        self.tenant = DEFAULT_TENANT
+        self.seq: int | None = None
+        self.callback_url: str | None = None
         self.cancel_requested = False
         self.stage_task: asyncio.Task[Any] | None = None
         self.stage_active: dict[Stage, float] = {}

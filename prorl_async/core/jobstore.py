@@ -8,8 +8,11 @@ from typing import Protocol
 
 import msgspec
 
+from prorl_async.core.completions import CompletionLog
 from prorl_async.core.job import Job
+from prorl_async.notify.sender import Outbox
 from prorl_async.schemas import StoreInfo
+from prorl_async.tenancy.config import DEFAULT_TENANT
 
 # What ``/status`` and ``/metrics`` report about the store.
 StoreStats = StoreInfo
@@ -23,6 +26,7 @@ class UnfinishedRecord(msgspec.Struct, frozen=True):
     job_id: str
     request: bytes
     restarts: int
+    tenant: str = DEFAULT_TENANT
 
 
 class JobStore(Protocol):
@@ -31,14 +35,24 @@ class JobStore(Protocol):
     ``get`` returns a live ``Job`` (a store may also return terminal ones); ``status``
     answers for every id the store knows, live or terminal; ``results`` gives the result
     documents of those of the ids that are terminal (reading them from disk, if a store
-    must, off the event loop).
+    must, off the event loop). ``log`` is the completion log (``core.completions``): a
+    store commits each terminal job's entry once its result is durable; ``outbox``
+    keeps the callbacks to deliver (written with the result); ``tenant_of`` and
+    ``seq_of`` answer for every id the store knows.
     """
 
     kind: str
 
+    @property
+    def log(self) -> CompletionLog: ...
+    @property
+    def outbox(self) -> Outbox: ...
+
     def open(self) -> list[UnfinishedRecord]: ...
     def get(self, job_id: str) -> Job | None: ...
     def status(self, job_id: str) -> str | None: ...
+    def tenant_of(self, job_id: str) -> str | None: ...
+    def seq_of(self, job_id: str) -> int | None: ...
     async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]: ...
     def add(self, job: Job) -> None: ...
     def finished(self, job: Job) -> None: ...

@@ -120,7 +120,37 @@ class Metrics:
             "Missing or non-finite logprobs from backends, clamped",
             registry=self.registry,
         )
+        self.weight_pause_seconds = Histogram(
+            "prorl_weight_pause_seconds",
+            "Seconds a backend was paused for a weight update",
+            buckets=_STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.generations_interrupted = Counter(
+            "prorl_generations_interrupted",
+            "Generations interrupted by a weight-update pause (abort) and continued",
+            registry=self.registry,
+        )
+        self.tokens_kept = Counter(
+            "prorl_tokens_kept",
+            "Tokens an interrupted generation had made, kept across the interruption",
+            registry=self.registry,
+        )
+        self.tokens_discarded = Counter(
+            "prorl_tokens_discarded",
+            "Tokens an interrupted generation had made, thrown away (on_interrupt=regenerate)",
+            registry=self.registry,
+        )
         self.registry.register(_LiveCollector(state))
+
+    # The backend pool's observer (llm.pool.PoolObserver).
+    def interrupted(self, tokens_kept: int, tokens_discarded: int) -> None:
+        self.generations_interrupted.inc()
+        self.tokens_kept.inc(tokens_kept)
+        self.tokens_discarded.inc(tokens_discarded)
+
+    def paused(self, seconds: float) -> None:
+        self.weight_pause_seconds.observe(seconds)
 
     def stage_finished(self, stage: str, seconds: float) -> None:
         self._stage_children[stage].observe(seconds)

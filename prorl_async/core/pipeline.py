@@ -23,8 +23,9 @@ from prorl_async.core.job import Job, Stage
 from prorl_async.core.jobstore import JobStore
 from prorl_async.core.result import encode_result
 from prorl_async.schemas import ErrorInfo
+from prorl_async.tenancy.fairshare import FairQueue, Shares
 
-__all__ = ["Pipeline", "PipelineObserver"]
+__all__ = ["JobListener", "Pipeline", "PipelineObserver"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,17 @@ class PipelineObserver(Protocol):
     def job_finished(self, status: str) -> None: ...
 
 
+class JobListener(Protocol):
+    """Told of every job admitted (queued, or failed at once) and of its end."""
+
+    def job_added(self, job: Job) -> None: ...
+    def job_ended(self, job: Job) -> None: ...
+
+
+def _tenant(job: Job) -> str:
+    return job.tenant
+
+
 class Pipeline:
     """Owns the stage queues and workers; moves jobs through the stages."""
 
@@ -55,12 +67,17 @@ class Pipeline:
         observer: PipelineObserver | None = None,
         stop_grace_s: float = 30.0,
         jit_init: bool = True,
+        shares: Shares | None = None,
     ) -> None:
         self.store = store
         self.observer = observer
         self.stop_grace_s = stop_grace_s
         self.accepting = False
-        self.queues: dict[Stage, asyncio.Queue[Job]] = {s: asyncio.Queue() for s in Stage}
+        # INIT admits by weighted fair share across tenants (``shares``: weights, loads).
+        self.queues: dict[Stage, asyncio.Queue[Job]] = {
+            s: FairQueue(_tenant, shares) if s is Stage.INIT else asyncio.Queue() for s in Stage
+        }
+        self.listeners: list[JobListener] = []
         self.queued: dict[Stage, int] = dict.fromkeys(Stage, 0)
         self.active: dict[Stage, int] = dict.fromkeys(Stage, 0)
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -135,12 +152,18 @@ class Pipeline:
 
     def submit(self, job: Job) -> None:
         self.store.add(job)
+        self._added(job)
         self._enqueue(job, Stage.INIT)
 
     def fail_now(self, job: Job, error: ErrorInfo) -> None:
         """Record ``job`` as accepted and finish it ``failed`` at once (never queued)."""
         self.store.add(job)
+        self._added(job)
         self._finish(job, "failed", error)
+
+    def _added(self, job: Job) -> None:
+        for listener in self.listeners:
+            listener.job_added(job)
 
     async def cancel(self, job: Job) -> bool:
         """Cancel a job wherever it is; returns False if it finished otherwise.
@@ -302,11 +325,14 @@ class Pipeline:
         job.status = status
         job.error = error
         job.finished_at = time.monotonic()
+        job.seq = self.store.log.assign()  # in the result document, and its log position
         job.result = encode_result(job)
         # The encoded result is all that is kept: drop the heavy live state.
         job.instance = job.trajectory = job.request = None
         job.state.clear()
         self.store.finished(job)
+        for listener in self.listeners:
+            listener.job_ended(job)
         if self.observer is not None:
             self.observer.job_finished(status)
         job.wake_waiters()

@@ -99,4 +99,5 @@ def _job(
     req = req if req is not None else ProcessRequest(task="unknown")
     job = service.build_job(req, handler, instance, rec.job_id)
     job.restarts = rec.restarts + 1
+    job.tenant = rec.tenant
     return job

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import msgspec
@@ -20,6 +21,7 @@ _EMPTY_TRAJECTORY: dict[str, Any] = {
     "response_ids": [],
     "response_mask": [],
     "response_logprobs": [],
+    "response_versions": [],
     "num_turns": 0,
     "turns": [],
     "weight_versions": [],
@@ -40,6 +42,8 @@ def timing(job: Job) -> dict[str, float]:
         "backend_wait_s": round(max(wall - total_active, 0.0), 6),
         # Submit to terminal, wall clock: queued + active + backend wait + orchestration.
         "total_s": round(max(job.finished_at - job.submitted_at, 0.0), 6),
+        # When it ended, wall clock (Unix seconds): how late a reader learns of it.
+        "ended_at": round(time.time() - time.monotonic() + job.finished_at, 6),
     }
 
 
@@ -74,6 +78,7 @@ def encode_result(job: Job) -> bytes:
     doc["eval"] = job.eval
     doc["metadata"] = job.metadata
     doc["restarts"] = job.restarts
+    doc["seq"] = job.seq  # its place in the completion log (GET /results, /events)
     for key, value in _extra(job).items():
         doc.setdefault(key, value)  # extras never overwrite contract fields
     try:
@@ -95,6 +100,7 @@ _CONTRACT_KEYS = frozenset(
         "eval",
         "metadata",
         "restarts",
+        "seq",
         *_EMPTY_TRAJECTORY,
     ]
 )

@@ -51,6 +51,7 @@ async def open_services(services: Services) -> AsyncIterator[Services]:
         log.warning("reaped %d sandboxes left by a previous run", len(reaped))
     async with AsyncExitStack() as stack:
         services.pool = await stack.enter_async_context(BackendPool(config.pool))
+        services.pool.observer = services.metrics
         runtime = get_runtime(config.runtime, runtime_config)
         stack.push_async_callback(runtime.aclose)
         limits = config.sandbox_limits

@@ -1,9 +1,9 @@
-"""``prorl-async demo``: the whole system on one machine in about a minute.
+"""prorl-async demo: the whole system on one machine, about 40 s on 2 cores.
 
 Starts the rollout server in this process (state in a temporary directory), a scripted LLM
-(a TEST DOUBLE that solves tasks by really using the tools, erring at ``--error-rate``) or an
-external vLLM/SGLang backend (``--llm``), submits a mix of math, code and swe tasks through
-``RolloutClient``, long-polls the results, and prints a summary table; all results go to a
+(a TEST DOUBLE that solves tasks by really using the tools, erring at --error-rate) or an
+external vLLM/SGLang backend (--llm), submits a mix of math, code and swe tasks through
+RolloutClient, long-polls the results, and prints a summary table; all results go to a
 JSONL file.
 """
 
@@ -38,22 +38,52 @@ __all__ = [
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``prorl-async demo`` command line."""
-    p = argparse.ArgumentParser(prog="prorl-async demo", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="prorl-async demo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--jobs", type=int, default=40, help="number of rollouts (default 40)")
     p.add_argument("--concurrency", type=int, default=8, help="workers per stage (default 8)")
-    p.add_argument("--runtime", choices=("auto", "bwrap", "local"), default="auto")
-    p.add_argument("--seed", type=int, default=0, help="task mix and scripted errors")
+    p.add_argument(
+        "--runtime",
+        choices=("auto", "bwrap", "local"),
+        default="auto",
+        help="sandbox runtime: auto (bwrap where it works, else local), bwrap, or local "
+        "(plain processes, no isolation) (default auto; the summary names the one used)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="task mix and scripted errors (default 0)")
     p.add_argument(
         "--error-rate",
         type=float,
         default=0.25,
-        help="share of tasks the script gets wrong",
+        help="share of tasks the script gets wrong (default 0.25)",
     )
-    p.add_argument("--timeout", type=float, default=120.0, help="active-time budget per job, s")
-    p.add_argument("--output", type=Path, default=Path("demo-results.jsonl"))
-    p.add_argument("--llm", help="external backend URL (http://host:port/v1) instead of the script")
-    p.add_argument("--api", choices=("vllm", "sglang"), default="vllm")
-    p.add_argument("--tokenizer", help="Hugging Face tokenizer directory of the --llm model")
+    p.add_argument(
+        "--timeout", type=float, default=120.0, help="active-time budget per job, s (default 120)"
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=Path("demo-results.jsonl"),
+        help="JSONL file of every result document (default demo-results.jsonl)",
+    )
+    p.add_argument(
+        "--llm",
+        help="external backend URL (http://host:port/v1) instead of the script (default: none, "
+        "the scripted LLM)",
+    )
+    p.add_argument(
+        "--api",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="protocol of --llm: vllm (/v1/completions) or sglang (/generate) (default vllm)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        help="Hugging Face tokenizer directory of the --llm model (default: none; required "
+        "with --llm)",
+    )
     return p
 
 
@@ -108,8 +138,11 @@ def _header(opts: DemoOptions, run: DemoRun) -> str:
         counts[task.kind] = counts.get(task.kind, 0) + 1
     mix = ", ".join(f"{kind} {n}" for kind, n in counts.items())
     llm = f"LLM {opts.llm} ({opts.api})" if opts.llm else "scripted LLM (test double)"
+    runtime = run.runtime or opts.runtime
+    if opts.runtime == "auto" and run.runtime:
+        runtime = f"{run.runtime} (auto)"
     return (
-        f"prorl-async demo: {len(run.tasks)} jobs ({mix}); {llm}; runtime {opts.runtime}; "
+        f"prorl-async demo: {len(run.tasks)} jobs ({mix}); {llm}; runtime {runtime}; "
         f"concurrency {opts.concurrency}; {os.cpu_count()} CPUs"
     )
 

@@ -49,12 +49,14 @@ class DemoOptions:
 
 @dataclass
 class DemoRun:
-    """Results as they arrive; ``wall_s`` runs from submission to the last result."""
+    """Results as they arrive; ``wall_s`` runs from submission to the last result;
+    ``runtime``: the sandbox runtime the server chose (``auto`` resolved)."""
 
     tasks: list[DemoTask]
     results: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
     skipped: list[str] = field(default_factory=list)
+    runtime: str = ""
 
     @property
     def failed(self) -> int:
@@ -101,7 +103,10 @@ async def run_demo(
             app, url = await stack.enter_async_context(run_server(_config(opts, state_dir)))
             client = await stack.enter_async_context(RolloutClient(url))
             await client.add_llm_server(address, api=opts.api if opts.llm else "vllm")
-            known = set(app[SERVICE].registry.names())
+            service = app[SERVICE]
+            if service.services.runtime is not None:
+                run.runtime = service.services.runtime.name
+            known = set(service.registry.names())
             run.skipped = sorted({t.task for t in run.tasks if t.task not in known})
             todo = [t for t in run.tasks if t.task in known]
             with opts.output.open("w", encoding="utf-8") as out:

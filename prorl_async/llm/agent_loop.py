@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from prorl_async.llm.generation import Generation, Generator
+from prorl_async.llm.generation import Generation, Generator, Segment, Version
 from prorl_async.llm.tokenizer import ChatTokenizer
 from prorl_async.llm.toolcalls import MalformedToolCall, ToolCall, ToolCallError, parse_tool_calls
 
@@ -75,6 +75,8 @@ class Trajectory(msgspec.Struct, kw_only=True):
     response_ids: list[int] = msgspec.field(default_factory=list)
     response_mask: list[int] = msgspec.field(default_factory=list)
     response_logprobs: list[float] = msgspec.field(default_factory=list)
+    # The weight version that made each response token (None for observation tokens).
+    response_versions: list[Version] = msgspec.field(default_factory=list)
     turns: list[dict[str, Any]] = msgspec.field(default_factory=list)
     weight_versions: list[int | str] = msgspec.field(default_factory=list)
     finish: str | None = None
@@ -92,8 +94,12 @@ class Trajectory(msgspec.Struct, kw_only=True):
         self.response_mask.extend([1] * len(gen.token_ids))
         self.response_logprobs.extend(gen.logprobs)
         self.clamped_logprobs += gen.clamped
-        if gen.weight_version is not None and gen.weight_version not in self.weight_versions:
-            self.weight_versions.append(gen.weight_version)
+        segments = gen.segment_list()
+        for seg in segments:
+            # A segment spanning an unreported boundary counts as its older version.
+            self.response_versions.extend([seg.weight_version] * (seg.end - seg.start))
+            self._note_version(seg.weight_version)
+            self._note_version(seg.weight_version_end)
         self.turns.append(
             {
                 "role": "assistant",
@@ -101,15 +107,23 @@ class Trajectory(msgspec.Struct, kw_only=True):
                 "logprobs": list(gen.logprobs),
                 "text": text,
                 "backend": gen.backend,
-                "weight_version": gen.weight_version,
+                # The oldest weights in the turn (what staleness must count).
+                "weight_version": segments[0].weight_version if segments else gen.weight_version,
+                "segments": [_segment_doc(seg) for seg in segments],
             }
         )
+
+    def _note_version(self, version: Version) -> None:
+        if version is not None and version not in self.weight_versions:
+            self.weight_versions.append(version)
+            self.weight_versions.sort(key=_version_key)
 
     def add_observation(self, ids: Sequence[int], text: str) -> None:
         """Append a template/observation segment the service tokenized (mask 0, logprob 0)."""
         self.response_ids.extend(ids)
         self.response_mask.extend([0] * len(ids))
         self.response_logprobs.extend([0.0] * len(ids))
+        self.response_versions.extend([None] * len(ids))
         self.turns.append({"role": "tool", "token_ids": list(ids), "text": text})
 
     def to_result(self) -> dict[str, Any]:
@@ -119,6 +133,7 @@ class Trajectory(msgspec.Struct, kw_only=True):
             "response_ids": list(self.response_ids),
             "response_mask": list(self.response_mask),
             "response_logprobs": list(self.response_logprobs),
+            "response_versions": list(self.response_versions),
             "num_turns": self.num_turns,
             "turns": [dict(turn) for turn in self.turns],
             "weight_versions": list(self.weight_versions),
@@ -274,6 +289,18 @@ class _Loop:
                 f"backend {gen.backend} returned {len(gen.token_ids)} tokens "
                 f"with max_tokens {limit}"
             )
+
+
+def _segment_doc(seg: Segment) -> dict[str, Any]:
+    doc: dict[str, Any] = {"start": seg.start, "end": seg.end, "weight_version": seg.weight_version}
+    if seg.weight_version_end is not None:
+        doc["weight_version_end"] = seg.weight_version_end
+    return doc
+
+
+def _version_key(version: int | str) -> tuple[int, int | str]:
+    # Numbers in order, then strings in order (a mix of both is allowed on the wire).
+    return (1, version) if isinstance(version, str) else (0, version)
 
 
 def _ended(gen: Generation, eos_id: int) -> bool:

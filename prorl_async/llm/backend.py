@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -53,6 +53,10 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Limit on one LLM request; ``None`` waits forever."""
     register_timeout_s: float = 10.0
     """How long ``add_llm_server`` waits for the engine's ``/v1/models`` answer."""
+    on_interrupt: Literal["continue", "regenerate"] = "continue"
+    """A turn a weight update aborted: ``continue`` it from the tokens it made (nothing
+    thrown away; the turn's tokens may come from two versions), or ``regenerate`` it whole
+    under the new weights (one version per turn; the partial tokens are thrown away)."""
     model: str | None = None
     """vLLM ``model`` field for backends registered without one; ``None`` asks ``/v1/models``."""
 
@@ -80,6 +84,7 @@ class Backend:
     __slots__ = (
         "address", "api", "weight_version", "max_inflight", "weight", "model", "max_model_len",
         "inflight", "assigned", "healthy", "failures", "probe_failures", "open_calls",
+        "paused", "resumed", "idle", "weights_path", "loaded_at", "last_load_s",
     )  # fmt: skip
 
     def __init__(self, address: str, *, api: EngineApi = "vllm") -> None:
@@ -101,8 +106,21 @@ class Backend:
         """Consecutive failed calls."""
         self.probe_failures = 0
         """Consecutive failed health probes while calls were open."""
-        self.open_calls: set[asyncio.Timeout] = set()
-        """Calls waiting for this engine's answer; a stalled engine's are expired at once."""
+        self.open_calls: dict[asyncio.Timeout, PausableTimer | None] = {}
+        """Calls waiting for this engine's answer (with their job's timer); a stalled
+        engine's are expired at once, a frozen one's timers paused."""
+        self.idle = asyncio.Event()
+        """Set while no call is open."""
+        self.idle.set()
+        self.paused = False
+        """Paused for a weight update: no call is sent until it resumes."""
+        self.resumed = asyncio.Event()
+        self.resumed.set()
+        self.weights_path: str | None = None
+        """The checkpoint it serves (``/v1/models`` root at registration, then each load)."""
+        self.loaded_at: float | None = None
+        """Wall-clock time of the last weight load (``None``: never loaded here)."""
+        self.last_load_s: float | None = None
 
     def configure(
         self,
@@ -131,6 +149,10 @@ class Backend:
 
     def has_room(self) -> bool:
         return self.max_inflight is None or self.inflight < self.max_inflight
+
+    def available(self) -> bool:
+        """May take a new job now: healthy, not paused for weights, below max_inflight."""
+        return self.healthy and not self.paused and self.has_room()
 
     def snapshot(self) -> dict[str, Any]:
         """Exactly the API.md ``/status`` backend fields."""

@@ -11,9 +11,15 @@ Logprobs that are missing, ``null`` or non-finite are replaced by :data:`LOGPROB
 
 Errors are typed so the pool can decide what to retry:
 
-- :class:`EngineUnavailable` - connection refused/reset, timeout, HTTP 5xx, an aborted
-  request. Retrying on another backend is safe (token-in) and may succeed.
-- :class:`EngineRejected` - HTTP 4xx: the request itself was refused; retrying will not help.
+- :class:`EngineUnavailable` - connection refused/reset, timeout, HTTP 5xx, HTTP 404 (a
+  wrong address or model name). Retrying on another backend is safe (token-in) and may
+  succeed.
+
+A request the engine aborted (``finish_reason`` ``abort``: a pause for a weight update, an
+engine draining) is not an error: its Generation holds the tokens made so far, with
+``finish_reason`` ``"abort"``, and the pool continues the turn from them.
+- :class:`EngineRejected` - another HTTP 4xx: the request itself was refused; retrying will
+  not help.
 - :class:`MalformedResponse` - the engine answered 2xx with something unparsable; the
   message names the missing or wrong field.
 """
@@ -41,6 +47,10 @@ __all__ = [
     "complete",
     "complete_sglang",
     "complete_vllm",
+    "engine_pause",
+    "engine_reload",
+    "engine_resume",
+    "engine_set_version",
     "fetch_model",
     "fetch_model_info",
     "models_url",
@@ -130,7 +140,9 @@ async def _post_json(
 
 
 def _decode(address: str, url: str, status: int, text: str) -> Any:
-    if status >= 500:
+    # 404: no such route or model here (a wrong address or name): the backend's fault, not
+    # the request's, so it counts against the backend and the call moves elsewhere.
+    if status >= 500 or status == 404:
         raise EngineUnavailable(address, f"HTTP {status} from {url}: {text[:200]}")
     if status >= 400:
         raise EngineRejected(address, status, f"{url}: {text[:500]}")
@@ -157,12 +169,9 @@ def _int_list(address: str, value: Any, what: str) -> list[int]:
 
 
 def _finish(address: str, reason: Any, what: str) -> str:
-    if reason in ("stop", "length"):
+    if reason in ("stop", "length", "abort"):
         return str(reason)
-    if reason == "abort":
-        # The engine dropped the request (e.g. during a weight update); safe to retry.
-        raise EngineUnavailable(address, f"request aborted by the engine ({what})")
-    raise MalformedResponse(address, f"{what} is {reason!r}, expected 'stop' or 'length'")
+    raise MalformedResponse(address, f"{what} is {reason!r}, expected 'stop', 'length' or 'abort'")
 
 
 def _check_logprob_len(address: str, values: Any, count: int, what: str) -> None:
@@ -175,6 +184,8 @@ class ModelInfo(msgspec.Struct, frozen=True):
 
     model: str
     max_model_len: int | None = None
+    # The model directory the engine loaded (vLLM's "root"), when it says.
+    root: str | None = None
 
 
 def models_url(api: EngineApi, address: str) -> str:
@@ -208,7 +219,8 @@ async def fetch_model_info(
         raise MalformedResponse(address, f"/models entry has no string 'id': {data[0]!r:.200}")
     length = data[0].get("max_model_len")
     ok = isinstance(length, int) and not isinstance(length, bool) and length > 0
-    return ModelInfo(model, length if ok else None)
+    root = data[0].get("root")
+    return ModelInfo(model, length if ok else None, root if isinstance(root, str) else None)
 
 
 async def fetch_model(
@@ -356,3 +368,71 @@ async def complete(
         session, address, model, prompt_ids, max_tokens, sampling,
         timeout_s=timeout_s, weight_version=weight_version,
     )  # fmt: skip
+
+
+# -- weight updates (vLLM dev mode, VLLM_SERVER_DEV_MODE=1; SGLang's own routes) ----------
+
+# vLLM's pause modes are ours; SGLang calls "keep" in_place and has no "wait".
+_SGLANG_PAUSE = {"abort": "abort", "keep": "in_place"}
+
+
+async def _admin(
+    session: aiohttp.ClientSession,
+    address: str,
+    path: str,
+    body: dict[str, Any] | None,
+    timeout_s: float | None,
+) -> Any:
+    return await _post_json(
+        session, address, f"{server_root(address)}{path}", body or {}, timeout_s
+    )
+
+
+async def engine_pause(
+    session: aiohttp.ClientSession, api: EngineApi, address: str, mode: str,
+    timeout_s: float | None,
+) -> None:  # fmt: skip
+    """Pause generation natively: ``abort`` ends in-flight requests (they return what they
+    made), ``keep`` freezes them, ``wait`` (vLLM) returns once they have finished."""
+    if api == "sglang":
+        if mode in _SGLANG_PAUSE:
+            await _admin(session, address, "/pause_generation", {"mode": _SGLANG_PAUSE[mode]},
+                         timeout_s)  # fmt: skip
+        return  # "wait": the pool stops sending and waits for its calls itself
+    await _admin(session, address, f"/pause?mode={mode}", None, timeout_s)
+
+
+async def engine_resume(
+    session: aiohttp.ClientSession, api: EngineApi, address: str, timeout_s: float | None
+) -> None:
+    path = "/continue_generation" if api == "sglang" else "/resume"
+    await _admin(session, address, path, None, timeout_s)
+
+
+async def engine_reload(
+    session: aiohttp.ClientSession, api: EngineApi, address: str, path: str,
+    version: int | str, timeout_s: float | None,
+) -> None:  # fmt: skip
+    """Load the checkpoint directory ``path`` in place, then drop the prefix cache (its
+    keys were computed by the old weights)."""
+    if api == "sglang":
+        body = {"model_path": path, "weight_version": str(version),
+                "abort_all_requests": False, "flush_cache": True}  # fmt: skip
+        answer = await _admin(session, address, "/update_weights_from_disk", body, timeout_s)
+        if isinstance(answer, dict) and answer.get("success") is False:
+            raise EngineRejected(address, 400, str(answer.get("message", answer))[:500])
+        return
+    body = {"method": "reload_weights", "kwargs": {"weights_path": path}}
+    await _admin(session, address, "/collective_rpc", body, timeout_s)
+    await _admin(session, address, "/reset_prefix_cache", None, timeout_s)
+
+
+async def engine_set_version(
+    session: aiohttp.ClientSession, api: EngineApi, address: str, version: int | str,
+    timeout_s: float | None,
+) -> None:  # fmt: skip
+    """Tell the engine its weight version (what it reports in ``/weight_info``)."""
+    body: dict[str, Any] = {"new_version": str(version)}
+    if api == "sglang":
+        body["abort_all_requests"] = False  # SGLang's default aborts every request
+    await _admin(session, address, "/update_weight_version", body, timeout_s)

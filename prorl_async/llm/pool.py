@@ -33,8 +33,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 import msgspec
@@ -57,19 +58,40 @@ from prorl_async.llm.engines import (
     models_url,
     server_root,
 )
-from prorl_async.llm.generation import Generation
+from prorl_async.llm.generation import Generation, Segment
+from prorl_async.llm.weights import WeightUpdates
 from prorl_async.util.timer import PausableTimer
 
 __all__ = [
     "Backend",
     "BackendError",
     "BackendPool",
+    "PoolObserver",
+    "PoolStats",
     "RegistrationError",
     "Lease",
     "Picker",
     "PoolConfig",
     "least_inflight",
 ]
+
+
+log = logging.getLogger(__name__)
+
+
+class PoolObserver(Protocol):
+    """What the pool reports of weight updates (the server's metrics implement it)."""
+
+    def interrupted(self, tokens_kept: int, tokens_discarded: int) -> None: ...
+    def paused(self, seconds: float) -> None: ...
+
+
+class PoolStats(msgspec.Struct):
+    """Counters of weight-update interruptions since the pool started."""
+
+    interrupted: int = 0
+    tokens_kept: int = 0
+    tokens_discarded: int = 0
 
 
 class RegistrationError(ValueError):
@@ -97,6 +119,9 @@ class BackendPool:
     ) -> None:
         self.config = config or PoolConfig()
         self.picker = picker
+        self.observer: PoolObserver | None = None
+        self.stats = PoolStats()
+        self._weights: WeightUpdates | None = None
         self._backends: dict[str, Backend] = {}
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._session = session
@@ -111,7 +136,19 @@ class BackendPool:
             limit = aiohttp.TCPConnector(limit=0)
             self._session = aiohttp.ClientSession(connector=limit)
         self._probe_task = asyncio.create_task(self._probe_loop(), name="backend-probe")
+        self._weights = WeightUpdates(self, self._session)
         return self
+
+    @property
+    def weights(self) -> WeightUpdates:
+        """Pause, load and resume the engines' weights in place."""
+        if self._weights is None:
+            raise RuntimeError("BackendPool is not open (use 'async with BackendPool()')")
+        return self._weights
+
+    def poke(self) -> None:
+        """Hand freed capacity to waiting jobs (after a resume)."""
+        self._dispatch()
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
@@ -125,6 +162,10 @@ class BackendPool:
             if not w.future.done():
                 w.future.set_exception(BackendError("the backend pool is closed"))
         self._waiters.clear()
+        if self._weights is not None:
+            await self._weights.aclose()
+        for b in self._backends.values():
+            _unblock(b)  # calls waiting for a resume go on (and fail: the pool is closed)
         task, self._probe_task = self._probe_task, None
         if task is not None:
             task.cancel()
@@ -173,6 +214,8 @@ class BackendPool:
             weight=weight, model=model or info.model,
         )  # fmt: skip
         b.max_model_len = info.max_model_len
+        if info.root is not None and b.weights_path is None:
+            b.weights_path = info.root
         return b
 
     async def _model_info(self, address: str, api: EngineApi) -> ModelInfo:
@@ -200,10 +243,15 @@ class BackendPool:
 
     def remove(self, address: str) -> bool:
         """Unregister ``address``; jobs holding it keep it until their lease ends."""
-        return self._backends.pop(address, None) is not None
+        b = self._backends.pop(address, None)
+        if b is not None:
+            _unblock(b)
+        return b is not None
 
     def clear(self) -> None:
         """Unregister every backend; new leases wait for the next :meth:`add`."""
+        for b in self._backends.values():
+            _unblock(b)
         self._backends.clear()
 
     def get(self, address: str) -> Backend | None:
@@ -267,7 +315,7 @@ class BackendPool:
             self._waiters.remove(waiter)
 
     def _pick(self, avoid: frozenset[str]) -> Backend | None:
-        free = [b for b in self._backends.values() if b.healthy and b.has_room()]
+        free = [b for b in self._backends.values() if b.available()]
         preferred = [b for b in free if b.address not in avoid]
         candidates = preferred or free
         return self.picker(candidates) if candidates else None
@@ -299,38 +347,79 @@ class BackendPool:
     async def _call(
         self, lease: Lease, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
     ) -> Generation:
+        """One turn: failover on engine errors, and an aborted request (a pause for a weight
+        update) continued from the tokens it made, under the weights that follow."""
+        turn = _Turn(prompt_ids, max_tokens)
         tried: set[str] = set()
         last: EngineUnavailable | None = None
-        for attempt in range(self.config.retries + 1):
+        failures = 0
+        while failures <= self.config.retries:
             b = lease.backend
+            await self._until_resumed(b, lease.timer)
             try:
-                gen = await self._complete(b, prompt_ids, max_tokens, sampling)
+                gen = await self._complete(b, turn.prompt(), turn.left(), sampling, lease.timer)
             except EngineUnavailable as exc:
-                last = exc
-                self._failed(b)
-                tried.add(b.address)
-                if attempt < self.config.retries:
-                    await self._move(lease, frozenset(tried), attempt, exc)
+                last, failures = exc, failures + 1
+                await self._fail_over(lease, b, tried, failures, exc)
                 continue
             except EngineError as exc:
                 raise BackendError(str(exc), address=b.address) from exc
             b.failures = 0
-            return gen
+            aborted = gen.finish_reason == "abort"
+            if not (aborted and self.config.on_interrupt == "regenerate"):
+                turn.add(gen)  # else the turn starts over: what it made is thrown away
+            if not aborted or turn.left() == 0:
+                return turn.generation(gen)
+            self._interrupted(b, gen)
+            if not b.paused:  # aborted, but not by our pause: the engine is going away
+                last, failures = EngineUnavailable(b.address, "aborted by the engine"), failures + 1
+                await self._fail_over(lease, b, tried, failures, last)
         attempts = self.config.retries + 1
         msg = f"LLM call failed after {attempts} attempts: {last}"
         raise BackendError(msg, address=last.address if last else None) from last
 
+    async def _fail_over(
+        self, lease: Lease, b: Backend, tried: set[str], failures: int, exc: EngineError
+    ) -> None:
+        self._failed(b)
+        tried.add(b.address)
+        if failures <= self.config.retries:
+            await self._move(lease, frozenset(tried), failures - 1, exc)
+
+    def _interrupted(self, b: Backend, gen: Generation) -> None:
+        made = len(gen.token_ids)
+        kept, discarded = (0, made) if self.config.on_interrupt == "regenerate" else (made, 0)
+        self.stats.interrupted += 1
+        self.stats.tokens_kept += kept
+        self.stats.tokens_discarded += discarded
+        if self.observer is not None:
+            self.observer.interrupted(kept, discarded)
+
+    async def _until_resumed(self, b: Backend, timer: PausableTimer | None) -> None:
+        """Wait (timer paused: it is not the job's time) while ``b`` is paused for weights."""
+        if not b.paused:
+            return
+        with timer.paused() if timer is not None else contextlib.nullcontext():
+            await b.resumed.wait()
+
     async def _complete(
-        self, b: Backend, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
+        self,
+        b: Backend,
+        prompt_ids: list[int],
+        max_tokens: int,
+        sampling: dict[str, Any],
+        timer: PausableTimer | None = None,
     ) -> Generation:
         assert self._session is not None
         timeout = self.config.request_timeout_s
         if b.api == "vllm" and b.model is None:
             b.model = (await fetch_model_info(self._session, b.address, timeout)).model
+        sent = b.weight_version
         try:
             # Expired by the health probes if the engine stops answering (see module doc).
             async with asyncio.timeout(None) as stall:
-                b.open_calls.add(stall)
+                b.open_calls[stall] = timer
+                b.idle.clear()
                 self._attention.set()
                 try:
                     gen = await complete(
@@ -338,14 +427,18 @@ class BackendPool:
                         model=b.model, timeout_s=timeout,
                     )  # fmt: skip
                 finally:
-                    b.open_calls.discard(stall)
+                    b.open_calls.pop(stall, None)
+                    if not b.open_calls:
+                        b.idle.set()
         except TimeoutError:
             n = self.config.failure_threshold
             msg = f"engine stopped answering ({n} health probes failed while the call was open)"
             raise EngineUnavailable(b.address, msg) from None
         # The version registered when the tokens came back: a checkpoint swap registered
-        # while the request was held produced them with the new weights.
-        return msgspec.structs.replace(gen, weight_version=b.weight_version)
+        # while the request was held produced (some of) them with the new weights.
+        got = b.weight_version
+        segment = Segment(0, len(gen.token_ids), sent, got if got != sent else None)
+        return msgspec.structs.replace(gen, weight_version=got, segments=[segment])
 
     async def _move(
         self, lease: Lease, avoid: frozenset[str], attempt: int, cause: EngineError
@@ -376,9 +469,11 @@ class BackendPool:
     def _failed(self, b: Backend) -> None:
         b.failures += 1
         if b.healthy and b.failures >= self.config.failure_threshold:
-            self._mark_unhealthy(b)
+            self._mark_unhealthy(b, f"{b.failures} calls in a row failed")
 
-    def _mark_unhealthy(self, b: Backend) -> None:
+    def _mark_unhealthy(self, b: Backend, why: str) -> None:
+        log.warning("LLM backend %s marked unhealthy: %s; probing %s/health", b.address, why,
+                    server_root(b.address))  # fmt: skip
         b.healthy = False
         self._attention.set()
 
@@ -403,10 +498,11 @@ class BackendPool:
         if not b.healthy:
             if ok:
                 b.healthy, b.failures, b.probe_failures = True, 0, 0
+                log.info("LLM backend %s healthy again", b.address)
             return
         b.probe_failures = 0 if ok else b.probe_failures + 1
         if b.probe_failures >= self.config.failure_threshold:
-            self._mark_unhealthy(b)
+            self._mark_unhealthy(b, f"{b.probe_failures} health probes failed with calls open")
             for stall in list(b.open_calls):
                 stall.reschedule(asyncio.get_running_loop().time())
 
@@ -425,6 +521,53 @@ def _cause(exc: EngineError) -> str:
     text = str(exc)
     prefix = f"{exc.address}: "
     return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+def _unblock(b: Backend) -> None:
+    # An unregistered (or closing) backend is no longer paused by us: calls waiting for
+    # its resume go on rather than wait for a resume that will never be asked for.
+    b.paused = False
+    b.resumed.set()
+
+
+class _Turn:
+    """One turn's tokens so far, across the engine calls an interruption splits it into."""
+
+    __slots__ = ("prompt_ids", "max_tokens", "ids", "logprobs", "segments", "clamped")
+
+    def __init__(self, prompt_ids: list[int], max_tokens: int) -> None:
+        self.prompt_ids, self.max_tokens = prompt_ids, max_tokens
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.segments: list[Segment] = []
+        self.clamped = 0
+
+    def prompt(self) -> list[int]:
+        # The caller's buffer as is until a call was interrupted (no copy on the hot path).
+        return self.prompt_ids + self.ids if self.ids else self.prompt_ids
+
+    def left(self) -> int:
+        return self.max_tokens - len(self.ids)
+
+    def add(self, gen: Generation) -> None:
+        at = len(self.ids)
+        for seg in gen.segment_list():
+            if seg.end > seg.start:
+                self.segments.append(msgspec.structs.replace(seg, start=seg.start + at,
+                                                             end=seg.end + at))  # fmt: skip
+        self.ids.extend(gen.token_ids)
+        self.logprobs.extend(gen.logprobs)
+        self.clamped += gen.clamped
+
+    def generation(self, last: Generation) -> Generation:
+        # An abort that filled max_tokens is a turn cut at its length.
+        finish = "length" if last.finish_reason == "abort" else last.finish_reason
+        if len(self.ids) == len(last.token_ids) and finish == last.finish_reason:
+            return last  # one uninterrupted call: its own Generation
+        return Generation(
+            self.ids, self.logprobs, finish, last.backend, last.weight_version,
+            self.clamped, self.segments,
+        )  # fmt: skip
 
 
 async def _wait_cancelled(task: asyncio.Task[None]) -> None:

@@ -28,7 +28,15 @@ import jinja2
 from prorl_async.sandbox.apptainer import find_apptainer
 from prorl_async.util.version import __version__
 
-__all__ = ["DEFAULT_BASE", "BuildResult", "ImageError", "build_image", "main", "render"]
+__all__ = [
+    "DEFAULT_BASE",
+    "BuildResult",
+    "ImageError",
+    "build_image",
+    "build_parser",
+    "main",
+    "render",
+]
 
 DEFAULT_BASE = "docker://python:3.11-slim-bookworm"
 MODES = ("scratch", "versioned", "lock")
@@ -178,22 +186,43 @@ def _build(definition: str, final: Path, apptainer: str | None) -> None:
         Path(def_path).unlink(missing_ok=True)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="prorl-async build-image", description=__doc__.split("\n")[0])
+_DESCRIPTION = (
+    "Build an Apptainer image (.sif) of the tool server from a template in sif_templates/, "
+    "or reuse a cached one whose key matches. The build goes to a temp file and is renamed "
+    "into place only when it succeeded."
+)
+_MODE_HELP = (
+    "when to reuse a cached image: scratch (never, always rebuild), versioned (same "
+    "template, base image and prorl_async version), lock (same template, base image and "
+    "--lockfile contents) (default versioned)"
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``prorl-async build-image`` command line."""
+    p = argparse.ArgumentParser(prog="prorl-async build-image", description=_DESCRIPTION)
     p.add_argument("template", help="template name in sif_templates/: base, math or swe")
-    p.add_argument("--mode", choices=MODES, default="versioned")
-    p.add_argument("--lockfile", help="pinned requirements file (required for --mode lock)")
+    p.add_argument("--mode", choices=MODES, default="versioned", help=_MODE_HELP)
+    p.add_argument(
+        "--lockfile", help="pinned requirements file (required for --mode lock; default: none)"
+    )
     p.add_argument("--cache-dir", help=f"where images are kept (default {default_cache_dir()})")
     p.add_argument("--base", default=DEFAULT_BASE, help=f"bootstrap image (default {DEFAULT_BASE})")
     p.add_argument("--apptainer", help="apptainer/singularity binary (default: from PATH)")
-    p.add_argument("--templates-dir", help="directory of *.def.j2 templates")
-    p.add_argument("--render-only", action="store_true", help="print the definition and exit")
+    p.add_argument(
+        "--templates-dir", help="directory of *.def.j2 templates (default: sif_templates/)"
+    )
+    p.add_argument(
+        "--render-only",
+        action="store_true",
+        help="print the definition and exit (default: off, build)",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry: print the image path (or the rendered definition); 2 on bad input."""
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     try:
         if args.render_only:
             lock = Path(args.lockfile) if args.lockfile else None

@@ -12,7 +12,23 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from prorl_async.scripted_llm.policies import POLICIES
+
 __all__ = ["build_parser", "main"]
+
+
+_POLICY_HELP = (
+    "what the model says: finish (calls the finish tool at once with the answer 42), echo "
+    "(repeats the last user message back), random_tools (seeded random bash, python and "
+    "editor calls, about 15%% of them malformed, then finish) (default finish)"
+)
+_FAULT_HELP = {
+    "error-rate": "share of generation requests answered HTTP 503",
+    "hang-rate": "share of requests never answered (until the server stops)",
+    "drop-rate": "share of requests whose connection is closed without an answer",
+    "nan-rate": "share of token logprobs replaced by NaN",
+    "missing-rate": "share of token logprobs replaced by null",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,21 +37,44 @@ def build_parser() -> argparse.ArgumentParser:
         prog="prorl-async scripted-llm",
         description="Scripted LLM server: a TEST DOUBLE for vLLM/SGLang (token ids in and out).",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True, help="0 picks a free port")
-    p.add_argument("--tokenizer", default=None, help="HF tokenizer dir (default: bundled)")
-    p.add_argument("--policy", default="finish", help="finish | echo | random_tools")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--model", default="scripted-llm", help="model id served at /v1/models")
-    p.add_argument("--legacy-vllm", action="store_true", help="ignore return_token_ids")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, required=True, help="port; 0 picks a free one")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="Hugging Face tokenizer directory (default: the bundled demo vocabulary)",
+    )
+    p.add_argument("--policy", default="finish", choices=sorted(POLICIES), help=_POLICY_HELP)
+    p.add_argument("--seed", type=int, default=0, help="seed of random_tools (default 0)")
+    p.add_argument(
+        "--model",
+        default="scripted-llm",
+        help="model id served at /v1/models (default scripted-llm)",
+    )
+    p.add_argument(
+        "--legacy-vllm",
+        action="store_true",
+        help="behave like vLLM before 0.10.2: ignore return_token_ids (default: off)",
+    )
     lat = p.add_argument_group("latency model")
-    lat.add_argument("--ttft", type=float, default=0.0, help="seconds to first token")
-    lat.add_argument("--per-token", type=float, default=0.0, help="seconds per token")
-    lat.add_argument("--slowdown", type=float, default=0.0, help="per extra concurrent request")
-    lat.add_argument("--capacity", type=int, default=None, help="requests decoded at once")
+    lat.add_argument("--ttft", type=float, default=0.0, help="seconds to first token (default 0)")
+    lat.add_argument("--per-token", type=float, default=0.0, help="seconds per token (default 0)")
+    lat.add_argument(
+        "--slowdown",
+        type=float,
+        default=0.0,
+        help="with n requests decoding at once each token takes 1 + SLOWDOWN * (n - 1) "
+        "times as long (default 0)",
+    )
+    lat.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help="requests decoded at once; more wait (default: unlimited)",
+    )
     flt = p.add_argument_group("fault injection (rates in 0..1)")
-    for name in ("error-rate", "hang-rate", "drop-rate", "nan-rate", "missing-rate"):
-        flt.add_argument(f"--{name}", type=float, default=0.0)
+    for name, text in _FAULT_HELP.items():
+        flt.add_argument(f"--{name}", type=float, default=0.0, help=f"{text} (default 0)")
     return p
 
 

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 from prorl_async.scripted_llm.faults import Faults
 from prorl_async.scripted_llm.latency import Decoder, Stats
 from prorl_async.scripted_llm.records import LogEntry, Reply
+from prorl_async.scripted_llm.weights import EngineWeights, WeightsRefused
 
 __all__ = ["ScriptedEngine", "build_app"]
 
@@ -28,8 +29,10 @@ class ScriptedEngine(Protocol):
     im_end: int
     model: str
     legacy_vllm: bool
+    sglang_version_aborts: bool
     max_model_len: int
     stopping: asyncio.Event
+    weights: EngineWeights
     log: list[LogEntry]
     stats: Stats
     rng: random.Random
@@ -64,6 +67,9 @@ def build_app(llm: ScriptedEngine) -> web.Application:
     app.router.add_get("/v1/models", _models)
     app.router.add_post("/v1/completions", _completions)
     app.router.add_post("/generate", _generate)
+    # Weight updates: vLLM's dev-mode routes and SGLang's own.
+    for path, route in _WEIGHT_ROUTES.items():
+        app.router.add_route("GET" if path in _GETS else "POST", path, route)
     return app
 
 
@@ -172,6 +178,8 @@ def _render_vllm(llm: ScriptedEngine, req: _Request, reply: Reply) -> dict[str, 
 def _render_sglang(llm: ScriptedEngine, req: _Request, reply: Reply) -> dict[str, Any]:
     if reply.finish_reason == "stop":
         finish: dict[str, Any] = {"type": "stop", "matched": llm.im_end}
+    elif reply.finish_reason == "abort":
+        finish = {"type": "abort", "message": "Abort before weight update"}
     else:
         finish = {"type": "length", "length": req.max_tokens}
     meta: dict[str, Any] = {
@@ -228,8 +236,16 @@ async def _serve(
         return _answer(entry, "bad_request", 400, _error(400, str(exc)))
     except LookupError as exc:
         return _answer(entry, "bad_request", 404, _error(404, str(exc)))
-    reply = llm.respond(req.prompt_ids, req.max_tokens)
-    await llm.decoder.decode(len(reply.token_ids))
+    abort = await llm.weights.admit()
+    try:
+        reply = llm.respond(req.prompt_ids, req.max_tokens)
+        made = await llm.decoder.decode(len(reply.token_ids), llm.weights.step, abort)
+    finally:
+        llm.weights.finished()
+    if made < len(reply.token_ids):  # aborted by a pause or a weight update
+        ids = reply.token_ids[:made]
+        text = llm.tokenizer.decode(ids, skip_special_tokens=False)
+        reply = Reply(ids, reply.logprobs[:made], "abort", text)
     if llm.stopping.is_set():
         # Like vLLM after SIGTERM: the request is dropped inside, its connection never answered.
         entry.outcome = "stalled"
@@ -264,3 +280,106 @@ def _answer(entry: LogEntry, outcome: str, status: int, payload: Any) -> web.Res
 
 _completions = _generation(_parse_vllm, _render_vllm)
 _generate = _generation(_parse_sglang, _render_sglang)
+
+
+# -- weight updates (vLLM dev mode and SGLang) -------------------------------------------------
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    try:
+        raw = json.loads(await request.read() or b"{}")
+    except ValueError:
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+async def _vllm_pause(request: web.Request) -> web.Response:
+    mode = request.query.get("mode", "abort")
+    if mode not in ("abort", "keep", "wait"):
+        return _json(400, _error(400, f"unknown pause mode {mode!r}"))
+    await request.app[_LLM].weights.pause(mode)
+    return _json(200, {"status": "paused"})
+
+
+async def _vllm_resume(request: web.Request) -> web.Response:
+    request.app[_LLM].weights.resume()
+    return _json(200, {"status": "resumed"})
+
+
+async def _is_paused(request: web.Request) -> web.Response:
+    return _json(200, {"is_paused": request.app[_LLM].weights.paused})
+
+
+async def _collective_rpc(request: web.Request) -> web.Response:
+    body = await _body(request)
+    if body.get("method") != "reload_weights":
+        return _json(400, _error(400, f"method {body.get('method')!r} is not supported"))
+    try:
+        request.app[_LLM].weights.load(str((body.get("kwargs") or {}).get("weights_path")))
+    except WeightsRefused as exc:
+        return _json(500, _error(500, f"Worker failed with error {exc}"))
+    return _json(200, {"results": [None]})
+
+
+async def _ok(request: web.Request) -> web.Response:
+    return _json(200, {"success": True})
+
+
+async def _update_weight_version(request: web.Request) -> web.Response:
+    body = await _body(request)
+    weights = request.app[_LLM].weights
+    weights.version = str(body.get("new_version"))
+    # SGLang aborts every request in flight unless told not to (vLLM never does).
+    if request.app[_LLM].sglang_version_aborts and body.get("abort_all_requests", True):
+        weights.abort_all()
+    return _json(200, {"success": True, "new_version": weights.version})
+
+
+async def _weight_info(request: web.Request) -> web.Response:
+    return _json(200, {"weight_version": request.app[_LLM].weights.version})
+
+
+async def _sglang_pause(request: web.Request) -> web.Response:
+    mode = (await _body(request)).get("mode", "abort")
+    if mode not in ("abort", "retract", "in_place"):
+        return _json(400, _error(400, f"unknown pause mode {mode!r}"))
+    await request.app[_LLM].weights.pause(mode)
+    return _json(200, {"success": True})
+
+
+async def _sglang_continue(request: web.Request) -> web.Response:
+    request.app[_LLM].weights.resume()
+    return _json(200, {"success": True})
+
+
+async def _sglang_load(request: web.Request) -> web.Response:
+    body = await _body(request)
+    weights = request.app[_LLM].weights
+    if body.get("abort_all_requests", False):
+        weights.abort_all()
+    version = body.get("weight_version")
+    try:
+        weights.load(str(body.get("model_path")), None if version is None else str(version))
+    except WeightsRefused as exc:
+        return _json(400, {"success": False, "message": f"Failed to load weights: {exc}"})
+    return _json(200, {"success": True, "message": "Succeeded to update model weights."})
+
+
+async def _get_weight_version(request: web.Request) -> web.Response:
+    return _json(200, {"weight_version": request.app[_LLM].weights.version})
+
+
+_GETS = frozenset({"/is_paused", "/weight_info", "/get_weight_version"})
+_WEIGHT_ROUTES = {
+    "/pause": _vllm_pause,
+    "/resume": _vllm_resume,
+    "/is_paused": _is_paused,
+    "/collective_rpc": _collective_rpc,
+    "/reset_prefix_cache": _ok,
+    "/update_weight_version": _update_weight_version,
+    "/weight_info": _weight_info,
+    "/pause_generation": _sglang_pause,
+    "/continue_generation": _sglang_continue,
+    "/update_weights_from_disk": _sglang_load,
+    "/get_weight_version": _get_weight_version,
+}

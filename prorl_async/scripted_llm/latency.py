@@ -9,7 +9,7 @@ of n runs each token ``1 + slowdown * (n - 1)`` times slower).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import msgspec
@@ -75,21 +75,49 @@ class Decoder:
         finally:
             s.active -= 1
 
-    async def decode(self, tokens: int) -> None:
-        """Take a slot, spend the modelled time, give the slot back."""
+    async def decode(
+        self,
+        tokens: int,
+        step: Callable[[], Awaitable[None]] | None = None,
+        abort: asyncio.Event | None = None,
+    ) -> int:
+        """Take a slot, spend the modelled time, give the slot back; returns the tokens made.
+
+        With ``step`` (awaited before each token: a frozen engine blocks there) and
+        ``abort`` (set: stop now), the time is spent token by token and an abort returns
+        how many tokens were made by then.
+        """
         async with self._free:
             await self._free.wait_for(self._has_slot)
             self.stats.decoding += 1
         s = self.stats
         s.peak_decoding = max(s.peak_decoding, s.decoding)
         try:
-            delay = self.latency.duration(tokens, s.decoding)
-            if delay > 0:
-                await asyncio.sleep(delay)
+            if step is None:
+                delay = self.latency.duration(tokens, s.decoding)
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                return tokens
+            return await self._stepwise(tokens, step, abort)
         finally:
             s.decoding -= 1
             async with self._free:
                 self._free.notify()
+
+    async def _stepwise(
+        self, tokens: int, step: Callable[[], Awaitable[None]], abort: asyncio.Event | None
+    ) -> int:
+        lat = self.latency
+        if lat.ttft_s > 0:
+            await asyncio.sleep(lat.ttft_s)
+        per = lat.per_token_s * (1.0 + lat.slowdown * max(self.stats.decoding - 1, 0))
+        for made in range(tokens):
+            await step()
+            if abort is not None and abort.is_set():
+                return made
+            if per > 0:
+                await asyncio.sleep(per)
+        return tokens
 
     def _has_slot(self) -> bool:
         cap = self.latency.capacity

@@ -22,13 +22,15 @@ from prorl_async.scripted_llm.faults import Faults
 from prorl_async.scripted_llm.latency import Decoder, LatencyModel, Stats
 from prorl_async.scripted_llm.policies import Policy, make_policy
 from prorl_async.scripted_llm.records import LogEntry, Reply
+from prorl_async.scripted_llm.weights import EngineWeights
 
 __all__ = ["ScriptedLLM", "synthetic_logprob"]
 
 
-def synthetic_logprob(prompt_len: int, position: int, token: int) -> float:
-    """A deterministic logprob in (-5, 0) from (prompt length, position, token)."""
-    key = f"{prompt_len}:{position}:{token}".encode()
+def synthetic_logprob(prompt_len: int, position: int, token: int, weights: str = "") -> float:
+    """A deterministic logprob in (-5, 0) from (prompt length, position, token) and the
+    weights loaded (a path; none: the weights it started with)."""
+    key = f"{prompt_len}:{position}:{token}{':' + weights if weights else ''}".encode()
     x = int.from_bytes(hashlib.blake2b(key, digest_size=4).digest(), "big")
     return -((x % 5000) + 1) / 1000.0
 
@@ -55,6 +57,7 @@ class ScriptedLLM:
         port: int = 0,
         legacy_vllm: bool = False,
         max_model_len: int = 32768,
+        api: str = "vllm",
     ) -> None:
         self.policy = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
         self.tokenizer = load_tokenizer(tokenizer)
@@ -66,6 +69,10 @@ class ScriptedLLM:
         self.legacy_vllm = legacy_vllm
         """Ignore ``return_token_ids`` like vLLM < 0.10.2 (ids only as ``token_id:N``)."""
         self.max_model_len = max_model_len
+        self.weights = EngineWeights()
+        """Checkpoint, version and pause state (vLLM dev-mode and SGLang weight routes)."""
+        # SGLang's /update_weight_version aborts in-flight requests unless told not to.
+        self.sglang_version_aborts = api == "sglang"
         """Context window reported by ``/v1/models`` and enforced like vLLM (HTTP 400)."""
         self.host, self.port = host, port
         self.log: list[LogEntry] = []
@@ -163,7 +170,11 @@ class ScriptedLLM:
         if len(ids) > max_tokens:
             ids, finish = ids[:max_tokens], "length"
         n = len(prompt_ids)
-        lps = [self.faults.corrupt(self.rng, synthetic_logprob(n, i, t)) for i, t in enumerate(ids)]
+        salt = self.weights.salt
+        lps = [
+            self.faults.corrupt(self.rng, synthetic_logprob(n, i, t, salt))
+            for i, t in enumerate(ids)
+        ]
         return Reply(ids, lps, finish, self.tokenizer.decode(ids, skip_special_tokens=False))
 
     async def arrive(self, entry: LogEntry) -> None:

@@ -9,8 +9,10 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 
+from prorl_async.core.completions import CompletionLog
 from prorl_async.core.job import Job
 from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
+from prorl_async.notify.memory import MemoryOutbox
 from prorl_async.store._tombstones import Tombstones
 
 __all__ = ["MemoryJobStore"]
@@ -31,6 +33,8 @@ class MemoryJobStore:
         self._tombstones = Tombstones()
         self._counts: Counter[str] = Counter()
         self._held = 0  # bytes of result documents kept
+        self.log = CompletionLog()
+        self.outbox = MemoryOutbox(self.results)
 
     def open(self) -> list[UnfinishedRecord]:
         return []
@@ -41,6 +45,14 @@ class MemoryJobStore:
     def status(self, job_id: str) -> str | None:
         job = self._jobs.get(job_id)
         return None if job is None else job.status
+
+    def tenant_of(self, job_id: str) -> str | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else job.tenant
+
+    def seq_of(self, job_id: str) -> int | None:
+        job = self._jobs.get(job_id)
+        return None if job is None else job.seq
 
     async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]:
         found = {}
@@ -59,6 +71,10 @@ class MemoryJobStore:
         self._counts[job.status] += 1
         self._held += len(job.result or b"")
         self._expiry.append((time.monotonic() + self.retention_s, job.id))
+        if job.seq is not None:
+            self.log.commit(job.tenant, job.seq, job.id, job.status, job.reward)
+        if job.callback_url is not None:
+            self.outbox.add(job.id, job.callback_url, time.time())
         if job.status == "cancelled":
             self.tombstone(job.id)
 
@@ -67,6 +83,7 @@ class MemoryJobStore:
         job = self._jobs.pop(job_id, None)
         if job is not None and job.result is not None:
             self._held -= len(job.result)
+        self.outbox.forget(job_id)
         return job is not None
 
     def tombstone(self, job_id: str) -> None:
@@ -95,6 +112,9 @@ class MemoryJobStore:
             if job is not None and job.terminal and job.finished_at + self.retention_s <= now:
                 del self._jobs[job_id]
                 self._held -= len(job.result or b"")
+                self.outbox.forget(job_id)
+                if job.seq is not None:
+                    self.log.expire(job.tenant, job.seq)
                 dropped += 1
         self._tombstones.expire(now)
         return dropped

@@ -12,21 +12,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import sys
 import time
 from collections import Counter, OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import msgspec
 
+from prorl_async.core.completions import CompletionLog
 from prorl_async.core.job import Job
 from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
+from prorl_async.store import _completions
+from prorl_async.store._outbox import SqliteOutbox
 from prorl_async.store._tombstones import Tombstones
 from prorl_async.store._writer import Writer
 
 __all__ = ["StoreError", "SqliteJobStore"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -41,10 +48,10 @@ CREATE INDEX IF NOT EXISTS jobs_unfinished ON jobs(status) WHERE status = 'accep
 CREATE TABLE IF NOT EXISTS tombstones (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
 """
 _ACCEPT = (
-    "INSERT OR REPLACE INTO jobs(id, request, status, restarts, result, expires_at) "
-    "VALUES (?, ?, 'accepted', ?, NULL, NULL)"
+    "INSERT OR REPLACE INTO jobs(id, request, status, restarts, result, expires_at, tenant) "
+    "VALUES (?, ?, 'accepted', ?, NULL, NULL, ?)"
 )
-_FINISH = "UPDATE jobs SET status = ?, result = ?, expires_at = ? WHERE id = ?"
+_FINISH = "UPDATE jobs SET status = ?, result = ?, expires_at = ?, seq = ?, reward = ? WHERE id = ?"
 _DELETE = "DELETE FROM jobs WHERE id = ?"
 _EXPIRE = "DELETE FROM jobs WHERE id = ? AND status != 'accepted'"
 _TOMBSTONE = "INSERT OR REPLACE INTO tombstones(id, expires_at) VALUES (?, ?)"
@@ -78,8 +85,9 @@ class SqliteJobStore:
         self.tombstone_s = tombstone_s
         self.cache_limit = cache_bytes
         self._live: dict[str, Job] = {}
-        # Terminal ids: status and expiry deadline (monotonic). Results live in the file.
-        self._done: dict[str, tuple[str, float]] = {}
+        # Terminal ids: status, expiry deadline (monotonic), seq, tenant. Results live in
+        # the file.
+        self._done: dict[str, tuple[str, float, int | None, str]] = {}
         self._expiry: deque[tuple[float, str]] = deque()
         self._tombstones = Tombstones()
         self._counts: Counter[str] = Counter()
@@ -91,6 +99,8 @@ class SqliteJobStore:
         self._reader: sqlite3.Connection | None = None
         self._reading = asyncio.Lock()
         self._writer: Writer | None = None
+        self.log = CompletionLog()
+        self.outbox = SqliteOutbox(self)
 
     # -- open and recover ----------------------------------------------------------------------
 
@@ -106,6 +116,8 @@ class SqliteJobStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             reader = _connect(self.path)
             reader.executescript(_SCHEMA)
+            _completions.migrate(reader)
+            self.outbox.load(reader)
             unfinished = self._load(reader)
             writer = _connect(self.path)
         except sqlite3.Error as exc:
@@ -120,23 +132,27 @@ class SqliteJobStore:
     def _load(self, conn: sqlite3.Connection) -> list[UnfinishedRecord]:
         now = time.time()
         with conn:
+            _completions.expire_at_open(conn, now)
             conn.execute("DELETE FROM jobs WHERE expires_at <= ?", (now,))
             conn.execute("DELETE FROM tombstones WHERE expires_at <= ?", (now,))
         rows = conn.execute(
-            "SELECT id, status, expires_at FROM jobs WHERE status != 'accepted' ORDER BY expires_at"
+            "SELECT id, status, expires_at, seq, tenant FROM jobs WHERE status != 'accepted' "
+            "ORDER BY expires_at"
         )
-        for job_id, status, expires_at in rows:
+        for job_id, status, expires_at, seq, tenant in rows:
             deadline = _wall_to_mono(expires_at)
-            self._done[job_id] = (status, deadline)
+            self._done[job_id] = (sys.intern(status), deadline, seq, sys.intern(tenant))
             self._expiry.append((deadline, job_id))
+        _completions.load_log(conn, self.log)
         for job_id, expires_at in conn.execute(
             "SELECT id, expires_at FROM tombstones ORDER BY expires_at"
         ):
             self._tombstones.add(job_id, _wall_to_mono(expires_at))
         rows = conn.execute(
-            "SELECT id, request, restarts FROM jobs WHERE status = 'accepted' ORDER BY rowid"
+            "SELECT id, request, restarts, tenant FROM jobs WHERE status = 'accepted' "
+            "ORDER BY rowid"
         )
-        return [UnfinishedRecord(i, bytes(r), n) for i, r, n in rows]
+        return [UnfinishedRecord(i, bytes(r), n, t) for i, r, n, t in rows]
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -149,6 +165,17 @@ class SqliteJobStore:
             return job.status
         done = self._done.get(job_id)
         return None if done is None else done[0]
+
+    def tenant_of(self, job_id: str) -> str | None:
+        job = self._live.get(job_id)
+        if job is not None:
+            return job.tenant
+        done = self._done.get(job_id)
+        return None if done is None else done[3]
+
+    def seq_of(self, job_id: str) -> int | None:
+        done = self._done.get(job_id)
+        return None if done is None else done[2]
 
     async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]:
         """From the cache or the write queue; the rest in one read in a worker thread (a
@@ -202,7 +229,7 @@ class SqliteJobStore:
         self._live[job.id] = job
         self._drop_done(job.id)
         request = b"{}" if job.request is None else _encoder.encode(job.request)
-        self._write(_ACCEPT, (job.id, request, job.restarts))
+        self._write(_ACCEPT, (job.id, request, job.restarts, job.tenant))
 
     def finished(self, job: Job) -> None:
         self._live.pop(job.id, None)
@@ -210,13 +237,20 @@ class SqliteJobStore:
             return  # cancelled by shutdown: the row stays 'accepted' and runs again at restart
         deadline = time.monotonic() + self.retention_s
         body = job.result or b""
-        self._done[job.id] = (job.status, deadline)
+        self._done[job.id] = (job.status, deadline, job.seq, job.tenant)
         self._expiry.append((deadline, job.id))
         self._counts[job.status] += 1
         self._cache_put(job.id, body)
         self._pending[job.id] = body
-        self._write(_FINISH, (job.status, body, _mono_to_wall(deadline), job.id))
+        wall = _mono_to_wall(deadline)
+        self._write(_FINISH, (job.status, body, wall, job.seq, job.reward, job.id))
+        if job.callback_url is not None:  # one transaction with the result: never lost
+            self.outbox.add(job.id, job.callback_url, time.time())
         self._forget_pending_after_commit(job.id, body)
+        if job.seq is not None:
+            entry = (job.tenant, job.seq, job.id, job.status, job.reward)
+            # Readers of the completion log see it once the result and its seq are durable.
+            self.write_then(_completions.LAST_SEQ, (job.seq,), lambda: self.log.commit(*entry))
         if job.status == "cancelled":
             self.tombstone(job.id)
 
@@ -224,6 +258,7 @@ class SqliteJobStore:
         known = self._live.pop(job_id, None) is not None
         known = self._drop_done(job_id) or known
         self._write(_DELETE, (job_id,))
+        self.outbox.forget(job_id)
         return known
 
     def tombstone(self, job_id: str) -> None:
@@ -235,6 +270,7 @@ class SqliteJobStore:
         """Delete results (and tombstones) past their deadline; returns results dropped."""
         now = time.monotonic() if now is None else now
         dropped = 0
+        floors: dict[str, int] = {}
         while self._expiry and self._expiry[0][0] <= now:
             deadline, job_id = self._expiry.popleft()
             done = self._done.get(job_id)
@@ -242,7 +278,13 @@ class SqliteJobStore:
             if done is not None and done[1] == deadline and job_id not in self._live:
                 self._drop_done(job_id)
                 self._write(_EXPIRE, (job_id,))
+                self.outbox.forget(job_id)
+                if done[2] is not None:
+                    floors[done[3]] = max(floors.get(done[3], 0), done[2])
                 dropped += 1
+        for tenant, seq in floors.items():
+            self.log.expire(tenant, seq)
+            self._write(_completions.FLOOR, (tenant, seq))
         for job_id in self._tombstones.expire(now):
             self._write(_UNTOMB, (job_id,))
         return dropped
@@ -272,6 +314,24 @@ class SqliteJobStore:
         if self._writer is None:
             raise RuntimeError(f"job store {self.path} is not open")
         self._writer.write(sql, params)
+
+    def write_then(self, sql: str, params: tuple[Any, ...], done: Callable[[], None]) -> None:
+        """Queue one statement; call ``done`` on the loop once its transaction committed."""
+        self._write(sql, params)
+        assert self._writer is not None
+
+        def committed(fut: asyncio.Future[BaseException | None]) -> None:
+            if not fut.cancelled() and fut.result() is None:
+                done()
+
+        self._writer.pending().add_done_callback(committed)
+
+    async def query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` on the reader connection in a worker thread (committed rows only)."""
+        async with self._reading:  # one thread on the reader connection at a time
+            if self._reader is None:
+                raise RuntimeError(f"job store {self.path} is not open")
+            return await asyncio.to_thread(fn, self._reader)
 
     def _forget_pending_after_commit(self, job_id: str, body: bytes) -> None:
         assert self._writer is not None

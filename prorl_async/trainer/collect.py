@@ -30,6 +30,7 @@ _encoder = msgspec.json.Encoder()
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``prorl-async collect`` command line."""
     p = argparse.ArgumentParser(
         prog="prorl-async collect",
         description="Fill GRPO batches from rollout servers and write the groups as JSONL.",
@@ -38,18 +39,54 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--servers", help="comma-separated rollout server URLs")
     where.add_argument("--cluster", help="cluster.json written by the Slurm launcher")
     p.add_argument("--tasks", required=True, help="JSONL file, one /process job per line")
-    p.add_argument("--group-size", type=int, required=True)
-    p.add_argument("--batch-groups", type=int, required=True)
-    p.add_argument("--batches", type=int, default=1)
+    p.add_argument("--group-size", type=int, required=True, help="samples per prompt (GRPO n)")
+    p.add_argument("--batch-groups", type=int, required=True, help="groups per batch")
+    p.add_argument("--batches", type=int, default=1, help="batches to fill (default 1)")
     p.add_argument("--output", required=True, help="JSONL file, one returned group per line")
-    p.add_argument("--token-file", help="file holding the bearer token (else $PRORL_TOKEN)")
-    p.add_argument("--filter", default="nonzero_std", choices=sorted(FILTERS))
-    p.add_argument("--on-batch-full", default="carry", choices=["carry", "cancel"])
-    p.add_argument("--max-inflight-groups", type=int)
-    p.add_argument("--backends", help="comma-separated LLM backend URLs to register first")
-    p.add_argument("--weight-version", type=int, default=0, help="version of --backends")
-    p.add_argument("--stall-timeout", type=float, default=600.0, help="seconds")
-    p.add_argument("--sample-deadline", type=float, default=3600.0, help="seconds")
+    p.add_argument(
+        "--token-file", help="file holding the bearer token (default: $PRORL_TOKEN, else none)"
+    )
+    p.add_argument(
+        "--filter",
+        default="nonzero_std",
+        choices=sorted(FILTERS),
+        help="groups a batch keeps: nonzero_std (drop a group whose rewards are all equal, "
+        "DAPO dynamic sampling) or none (keep every group) (default nonzero_std)",
+    )
+    p.add_argument(
+        "--on-batch-full",
+        default="carry",
+        choices=["carry", "cancel"],
+        help="unfinished groups when a batch is full: carry (keep running, count toward the "
+        "next batch) or cancel (cancel them on the servers) (default carry)",
+    )
+    p.add_argument(
+        "--max-inflight-groups",
+        type=int,
+        help="groups submitted and unfinished at once (default: 2 x --batch-groups)",
+    )
+    p.add_argument(
+        "--backends",
+        help="comma-separated LLM backend URLs to register first (default: none, the servers "
+        "have theirs)",
+    )
+    p.add_argument(
+        "--weight-version", type=int, default=0, help="version of --backends (default 0)"
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=600.0,
+        help="seconds without a result before stopping with an error that says what it "
+        "waited for (default 600)",
+    )
+    p.add_argument(
+        "--sample-deadline",
+        type=float,
+        default=3600.0,
+        help="seconds a sample may stay unanswered after submission; then its group is "
+        "dropped and its jobs cancelled (default 3600)",
+    )
     return p
 
 

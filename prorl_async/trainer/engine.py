@@ -265,7 +265,11 @@ class Engine:
         live = self.reg.drop_group(group)
         for sample in live:
             server = self.pool.servers.get(sample.server or "")
-            if server is not None and server.inflight.pop(sample.job_id, None) is not None:
+            if server is None:
+                continue
+            # in flight there, or waiting to be sent again after a lost answer (pinned):
+            # either way the server may be running it
+            if server.inflight.pop(sample.job_id, None) is not None or sample.pin == server.url:
                 server.orphans.add(sample.job_id)
                 server.dirty.set()
         return live
@@ -280,12 +284,17 @@ class Engine:
     def on_done(self, server: ServerState, result: dict[str, Any]) -> None:
         job_id = str(result.get("job_id"))
         sample = server.inflight.pop(job_id, None)
+        if sample is None and (pinned := self.reg.by_job.get(job_id)) is not None:
+            # Waiting to be sent again under the same id (its submission's answer was
+            # lost), but the server had taken it: its result passes the cursor only once.
+            sample = pinned if pinned.pin == server.url else None
         if sample is None or self.reg.by_job.get(job_id) is not sample:
             return  # an answer we no longer wait for (cancelled, moved, duplicate)
         now = time.monotonic()
         self.last_result = now
         self.metrics.results += 1
-        server.stats.completed_one(now - sample.submitted_at)
+        # A fast job's result may come before its submit call returned.
+        server.stats.completed_one(now - (sample.submitted_at or now))
         self.wake.set()
         if classify_result(result) == "infra":
             self.retry(sample, server.url, f"result_{result.get('status')}", None)

@@ -11,6 +11,8 @@ __all__ = ["Group", "active_seconds", "generated_tokens", "weight_versions"]
 def weight_versions(result: dict[str, Any]) -> list[int]:
     """Integer weight versions a result's turns were generated with."""
     found = [v for v in result.get("weight_versions") or () if isinstance(v, int)]
+    # Per token (an interrupted turn has several): the oldest is what staleness counts.
+    found.extend(v for v in set(result.get("response_versions") or ()) if isinstance(v, int))
     for turn in result.get("turns") or ():
         v = turn.get("weight_version") if isinstance(turn, dict) else None
         if isinstance(v, int) and not isinstance(v, bool):
@@ -76,6 +78,7 @@ def _verl(result: dict[str, Any]) -> dict[str, Any]:
         "response_ids": list(result.get("response_ids") or []),
         "response_mask": list(result.get("response_mask") or []),
         "response_logprobs": list(result.get("response_logprobs") or []),
+        "response_versions": list(result.get("response_versions") or []),
         "reward_score": _reward(result),
         "num_turns": int(result.get("num_turns") or 0),
         "metrics": {

@@ -20,10 +20,10 @@ from prorl_async.trainer.errors import PromptsExhausted, RolloutStalled, Trainer
 from prorl_async.trainer.filters import GroupFilter, resolve_filter
 from prorl_async.trainer.group import Group
 from prorl_async.trainer.loop import LoopLag
-from prorl_async.trainer.poller import PollHandlers, poll_loop
+from prorl_async.trainer.poller import PollHandlers, poll_loop, sync
 from prorl_async.trainer.progress import Progress
 from prorl_async.trainer.retry import transport_class
-from prorl_async.trainer.servers import ServerPool, ServerState
+from prorl_async.trainer.servers import QUARANTINE_AFTER, ServerPool, ServerState
 from prorl_async.trainer.staleness import Staleness
 from prorl_async.trainer.watchdog import cancel_on_servers, expired_groups, stall_report
 
@@ -165,6 +165,7 @@ class RolloutManager:
             server.quarantine()
             return server
         server.capacity = int((status.get("workers") or {}).get("run") or DEFAULT_CAPACITY)
+        sync(server, status)  # read results by cursor from the server's present on
         return server
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -203,9 +204,24 @@ class RolloutManager:
                 engine.fail_group(group, "deadline")
 
     async def _recovered(self, server: ServerState) -> None:
+        """Back from quarantine: the current weights first (a restarted server has none),
+        then into rotation. A push that fails (an engine of the set is gone, or the server
+        again) leaves it quarantined, to be probed and pushed again after a backoff; it
+        must not end the server's poll loop."""
+        while self._backends is not None and self._staleness.current is not None:
+            version, backends = self._staleness.current, self._backends
+            try:
+                pushed = await self._push_weights(server, version, backends)
+            except TrainerError as exc:
+                log.warning("%s refused the weights (%s); still quarantined", server.url, exc)
+                pushed = False
+            if not pushed:
+                server.failures += 1
+                await asyncio.sleep(self._require().backoff.delay(server.failures))
+                return
+            if (version, backends) == (self._staleness.current, self._backends):
+                break  # else set_weights() changed them meanwhile (it skipped this server)
         server.recover()
-        if self._backends is not None and self._staleness.current is not None:
-            await self._push_weights(server, self._staleness.current, self._backends)
         self._require().wake.set()
 
     # -- public API --------------------------------------------------------------------
@@ -239,19 +255,40 @@ class RolloutManager:
         engine.wake.set()
         return batch
 
-    async def set_weights(self, *, version: int, backends: Iterable[str]) -> None:
-        """Point every server at ``backends`` tagged ``version`` (a checkpoint swap)."""
+    async def set_weights(
+        self,
+        *,
+        version: int,
+        backends: Iterable[str] | None = None,
+        path: str | None = None,
+        mode: str = "abort",
+    ) -> None:
+        """Give the servers the weights of ``version``, one of two ways.
+
+        ``path``: every server loads that checkpoint directory on its engines in place
+        (``POST /weights/load``: pause in ``mode``, load, resume; work in flight is kept).
+        ``backends``: every server is pointed at these engine addresses instead (a swap).
+        """
         engine = self._require()
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version must be an int, got {version!r}")
+        if (backends is None) == (path is None):
+            raise ValueError("set_weights: give exactly one of backends (a swap) or path")
+        if mode not in ("abort", "keep", "wait"):
+            raise ValueError(f"mode must be 'abort', 'keep' or 'wait', got {mode!r}")
         self._staleness.check(version)
-        addresses = list(backends)
-        if not addresses:
-            raise ValueError("backends: give at least one LLM backend address")
-        await asyncio.gather(
-            *(self._push_weights(s, version, addresses) for s in engine.pool.healthy)
-        )
-        self._backends = addresses
+        if path is not None:
+            await asyncio.gather(
+                *(self._load_weights(s, version, path, mode) for s in engine.pool.healthy)
+            )
+        else:
+            addresses = list(backends or ())
+            if not addresses:
+                raise ValueError("backends: give at least one LLM backend address")
+            await asyncio.gather(
+                *(self._push_weights(s, version, addresses) for s in engine.pool.healthy)
+            )
+            self._backends = addresses
         self._staleness.set_version(version)
         engine.wake.set()
 
@@ -308,7 +345,16 @@ class RolloutManager:
         for result in await cancel_on_servers(engine.pool, ids):
             engine.metrics.waste("cancelled", *result_cost(result))
 
-    async def _push_weights(self, server: ServerState, version: int, addresses: list[str]) -> None:
+    async def _load_weights(self, server: ServerState, version: int, path: str, mode: str) -> None:
+        try:
+            await server.client.load_weights(version, path, mode)
+        except Exception as exc:
+            if transport_class(exc) is None:
+                raise TrainerError(f"{server.url}: set_weights(path=...) failed: {exc}") from exc
+            self._require().server_failed(server, exc)
+
+    async def _push_weights(self, server: ServerState, version: int, addresses: list[str]) -> bool:
+        """``False``: the server was unreachable, and is quarantined."""
         try:
             await server.client.clear_llm_server()
             for address in addresses:
@@ -316,7 +362,12 @@ class RolloutManager:
         except Exception as exc:
             if transport_class(exc) is None:
                 raise TrainerError(f"{server.url}: set_weights failed: {exc}") from exc
+            # It may have lost its engines (a clear whose answer was lost), or be down and
+            # come back with none: out of rotation until _recovered() gives it the weights.
+            server.failures = max(server.failures, QUARANTINE_AFTER - 1)
             self._require().server_failed(server, exc)
+            return False
+        return True
 
     def _draw(self) -> None:
         engine = self._engine

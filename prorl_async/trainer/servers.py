@@ -31,6 +31,11 @@ class ServerState:
         self.quarantined = False
         self.stats = ServerStats()
         self.dirty = asyncio.Event()
+        # Reading its completion log (trainer/poller.py): the cursor, the log's epoch
+        # (None until known), and when the ids in flight were last swept with /poll.
+        self.cursor = 0
+        self.epoch: str | None = None
+        self.swept = 0.0
 
     @property
     def free(self) -> int:
@@ -58,6 +63,9 @@ class ServerState:
         self.failures = max(self.failures, QUARANTINE_AFTER)
         self.quarantined = True
         self.stats.quarantines += 1
+        # Its poll loop may idle on ``dirty`` (nothing acknowledged there, as when the
+        # failures were submissions): wake it, or the server is never probed again.
+        self.dirty.set()
 
     def recover(self) -> None:
         """Back in rotation with a clean failure streak."""

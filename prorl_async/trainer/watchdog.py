@@ -71,5 +71,7 @@ async def _cancel(server: Any, job_ids: list[str]) -> list[dict[str, Any]]:
     except Exception as exc:
         if transport_class(exc) is None:
             raise
-        return []  # the server is gone, and its jobs with it
+        # its poll loop cancels them later: a restart requeues them, a 503 left them running
+        server.orphans.update(job_ids)
+        return []
     return list(out.get("done") or [])

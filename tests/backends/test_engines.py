@@ -10,7 +10,7 @@ import pytest
 
 from prorl_async.llm.engines import (
     LOGPROB_FLOOR,
-    EngineRejected,
+    EngineUnavailable,
     MalformedResponse,
     complete_sglang,
     complete_vllm,
@@ -19,7 +19,7 @@ from prorl_async.llm.engines import (
     parse_vllm,
     server_root,
 )
-from prorl_async.llm.pool import BackendError, BackendPool
+from prorl_async.llm.pool import BackendError, BackendPool, PoolConfig
 from prorl_async.scripted_llm import ScriptedLLM
 from tests.backends.conftest import StartLLM
 
@@ -159,23 +159,31 @@ def test_malformed_sglang_answers_name_the_field(payload: object, named: str) ->
         parse_sglang("http://x", payload)
 
 
-async def test_model_discovery_and_4xx_is_not_retried(start_llm: StartLLM) -> None:
-    llm = await start_llm(model="served-name")
+async def test_model_discovery_404_counts_against_the_backend_other_4xx_not_retried(
+    start_llm: StartLLM,
+) -> None:
+    llm = await start_llm(model="served-name", max_model_len=64)
     async with aiohttp.ClientSession() as s:
         assert await fetch_model(s, llm.address) == "served-name"
-        with pytest.raises(EngineRejected, match="404"):
+        # A wrong model name (or address) is the backend's fault: retryable elsewhere.
+        with pytest.raises(EngineUnavailable, match="404"):
             await complete_vllm(s, llm.address, "wrong", prompt_ids(llm), 10, {})
-    async with BackendPool() as pool:
+    async with BackendPool(PoolConfig(retries=2, retry_backoff_s=0.0)) as pool:
         pool.add(llm.address)  # no model: the pool asks /v1/models once
         async with pool.lease() as lease:
             gen = await lease.generate(prompt_ids(llm), 10, {})
             assert llm.log[-1].body["model"] == "served-name" and gen.token_ids
+            before = len(llm.log)
+            with pytest.raises(BackendError, match="max_tokens=100 cannot be greater"):
+                await lease.generate(prompt_ids(llm), 100, {})  # vLLM's 400: the request's fault
+            assert len(llm.log) == before + 1  # a refused request is not retried
         pool.add(llm.address, model="wrong")
         async with pool.lease() as lease:
             before = len(llm.log)
             with pytest.raises(BackendError, match="does not exist"):
                 await lease.generate(prompt_ids(llm), 10, {})
-            assert len(llm.log) == before + 1  # a refused request is not retried
+            assert len(llm.log) == before + 3  # retried, then the backend is marked unhealthy
+        assert pool.get(llm.address).healthy is False  # type: ignore[union-attr]
 
 
 def test_server_root() -> None:

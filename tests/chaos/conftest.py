@@ -1,6 +1,7 @@
 """Seeds of the chaos tests: ``--chaos-seed N`` (repeatable; pass it with ``tests/chaos``
 on the command line) or ``PRORL_CHAOS_SEED=N[,M...]`` replays given seeds;
-``PRORL_CHAOS_SEEDS=K`` runs seeds 0..K-1; otherwise the fixed CI set."""
+``PRORL_CHAOS_SEEDS=K`` runs seeds 0..K-1; otherwise the fixed CI set (a test module's own
+``CI_SEEDS``, else the one below)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-def chaos_seeds(config: pytest.Config) -> list[int]:
+def chaos_seeds(config: pytest.Config, default: tuple[int, ...] = CI_SEEDS) -> list[int]:
     given: list[int] = list(config.getoption("--chaos-seed", default=None) or [])
     env = os.environ.get("PRORL_CHAOS_SEED", "").strip()
     if env:
@@ -34,10 +35,10 @@ def chaos_seeds(config: pytest.Config) -> list[int]:
     count = os.environ.get("PRORL_CHAOS_SEEDS", "").strip()
     if count:
         return list(range(int(count)))
-    return list(CI_SEEDS)
+    return list(default)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "chaos_seed" in metafunc.fixturenames:
-        seeds = chaos_seeds(metafunc.config)
+        seeds = chaos_seeds(metafunc.config, getattr(metafunc.module, "CI_SEEDS", CI_SEEDS))
         metafunc.parametrize("chaos_seed", seeds, ids=[f"seed{s}" for s in seeds])

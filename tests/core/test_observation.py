@@ -23,6 +23,13 @@ API_ROUTES = {
     "/metrics",
     "/healthz",
     "/openapi.json",
+    "/results",
+    "/events",
+    "/jobs/{job_id}/callback",
+    "/weights",
+    "/weights/pause",
+    "/weights/resume",
+    "/weights/load",
 }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -19,6 +20,7 @@ import aiohttp
 import pytest
 
 from prorl_async.vllm_cpu import EngineEnv, VllmProcess
+from tests.proctree import cmdline, descendants
 from tests.serverutil import Server, ServerFactory
 
 # Every test here waits for a real engine; its first start (or a restart) takes a minute.
@@ -92,16 +94,70 @@ def vllm(
         yield proc
 
 
-@pytest.fixture
-def victim(
+class Victims:
+    """Second engines for the tests that stop one. One runs at a time; a test that ends
+    with it dead (SIGTERM, SIGKILL) gets the next test a fresh one, a live one is reused
+    (an engine start costs a minute)."""
+
+    def __init__(self, env: EngineEnv, model: Path, scripts: Scripts, logs: Path) -> None:
+        self.env, self.model, self.scripts, self.logs = env, model, scripts, logs
+        self.current: VllmProcess | None = None
+
+    def get(self) -> VllmProcess:
+        if self.current is not None and not self.current.healthy(timeout_s=5.0):
+            self.current.stop()
+            self.current = None
+        if self.current is None:
+            proc = _engine(self.env, self.model, self.scripts, self.logs, "b")
+            self.current = proc.start()
+        return self.current
+
+    def close(self) -> None:
+        if self.current is not None:
+            self.current.stop()
+
+    def pids(self) -> set[int]:
+        """The live second engine's processes: the session owns them, not a test."""
+        proc = self.current.proc if self.current is not None else None
+        if proc is None or proc.poll() is not None:
+            return set()
+        return {proc.pid, *descendants(proc.pid)}
+
+
+@pytest.fixture(scope="session")
+def victims(
     engine_env: EngineEnv,
     model_dir: Path,
     scripts: Scripts,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[VllmProcess]:
-    """A second engine a test may SIGTERM, SIGKILL or SIGSTOP; stopped (and reaped) after."""
-    with _engine(engine_env, model_dir, scripts, tmp_path_factory.mktemp("logs"), "b") as proc:
+) -> Iterator[Victims]:
+    pool = Victims(engine_env, model_dir, scripts, tmp_path_factory.mktemp("logs"))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes(victims: Victims) -> Iterator[None]:
+    """As for every test (tests/conftest.py), but the session's second engine, which a
+    test may have (re)started and which outlives it on purpose, is not a leftover."""
+    before = descendants()
+    yield
+    left = descendants() - before - victims.pids()
+    if left:
+        desc = ", ".join(f"{pid}: {cmdline(pid)}" for pid in sorted(left))
+        pytest.fail(f"test left processes running: {desc}")
+
+
+@pytest.fixture
+def victim(victims: Victims) -> Iterator[VllmProcess]:
+    """A second engine a test may SIGTERM, SIGKILL or SIGSTOP (continued after the test)."""
+    proc = victims.get()
+    try:
         yield proc
+    finally:
+        proc.signal(signal.SIGCONT)
 
 
 EngineServer = Callable[..., Any]

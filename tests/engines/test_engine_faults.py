@@ -89,7 +89,8 @@ async def test_least_in_flight_spreads_jobs_over_two_engines(
     assert abs(used[vllm.address] - used[victim.address]) <= 2, used
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGSTOP])
+# SIGSTOP first: the engine comes back after SIGCONT and the next test reuses it.
+@pytest.mark.parametrize("sig", [signal.SIGSTOP, signal.SIGTERM, signal.SIGKILL])
 async def test_an_engine_stopped_mid_generation_moves_its_jobs(
     vllm: VllmProcess, victim: VllmProcess, engine_server: EngineServer, sig: signal.Signals
 ) -> None:

@@ -6,26 +6,17 @@ several formats and reject perturbed answers.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 
 from prorl_async.grading.math import extract_answer, grade, reference_answer
-
-DATA = Path(__file__).parents[2].parent / "shared" / "data" / "gsm8k_test.jsonl"
-GSM8K_ROWS = 1319
+from tests.data import GSM8K_ROWS, load_gsm8k
 
 
 @pytest.fixture(scope="module")
 def solutions() -> list[str]:
-    if not DATA.exists():
-        pytest.skip(f"GSM8K data not found at {DATA}")
-    with DATA.open(encoding="utf-8") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    assert len(rows) == GSM8K_ROWS
-    return [row["answer"] for row in rows]
+    return [row["answer"] for row in load_gsm8k()]
 
 
 def _final(solution: str) -> str:

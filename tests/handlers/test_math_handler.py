@@ -3,14 +3,13 @@ a scripted LLM (test double) that computes with the python tool and reads the re
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 import handlers.math
 from prorl_async.client import UnprocessableError
+from tests.data import load_gsm8k
 from tests.handlers.policies import (
     KillToolServer,
     PythonSolver,
@@ -20,7 +19,6 @@ from tests.handlers.policies import (
 )
 from tests.serverutil import ServerFactory
 
-GSM8K = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gsm8k_test.jsonl"
 PROBLEM = "What is 1234 * 5678 + 9?"
 PROGRAMS = {"1234 * 5678": "print(1234 * 5678 + 9)"}
 
@@ -57,16 +55,8 @@ async def test_wrong_answer_scores_0(make_server: ServerFactory) -> None:
         assert_nothing_live(srv)
 
 
-def _gsm8k_first() -> dict[str, str]:
-    if not GSM8K.exists():
-        pytest.skip(f"GSM8K data not found at {GSM8K}")
-    with GSM8K.open(encoding="utf-8") as f:
-        row: dict[str, str] = json.loads(f.readline())
-    return row
-
-
 async def test_gsm8k_reference_and_boxed_answer_in_text(make_server: ServerFactory) -> None:
-    row = _gsm8k_first()  # Janet's ducks: reference is a worked solution ending "#### 18"
+    row = load_gsm8k()[0]  # Janet's ducks: reference is a worked solution ending "#### 18"
     assert row["answer"].rstrip().endswith("#### 18")
     policy = PythonSolver({"Janet": "print((16 - 3 - 4) * 2)"}, via="text")
     async with serve(make_server, policy) as srv:

