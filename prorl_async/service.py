@@ -216,7 +216,12 @@ class RolloutService:
             instance = handler.validate(req.instance)
             handler.admit(instance, self.config)
             return handler, instance
-        except (InstanceError, SamplingParamsError) as exc:
+        except InstanceError as exc:
+            if not req.instance:  # nothing given: say that, not which field is missing
+                msg = f"instance: missing; task {req.task!r} needs an instance ({exc})"
+                raise Unprocessable(f"{where}{msg}") from None
+            raise Unprocessable(f"{where}{exc}") from None
+        except SamplingParamsError as exc:
             raise Unprocessable(f"{where}{exc}") from None
 
     def build_job(

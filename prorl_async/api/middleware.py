@@ -52,6 +52,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         detail = exc.text or exc.reason
         if isinstance(exc, web.HTTPRequestEntityTooLarge):
             detail = f"request body over the limit of {request.app[MAX_BODY]} bytes"
+        if isinstance(exc, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            detail = f"{request.method} {request.path}: method not allowed; use {allowed}"
         headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
         return problem_response(exc.status, exc.reason, detail or exc.reason, headers)
     except Exception:

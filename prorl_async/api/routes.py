@@ -71,6 +71,11 @@ async def _read(request: web.Request) -> bytes:
 
 async def _decode(request: web.Request, kind: type[T]) -> T:
     body = await _read(request)
+    if not body.strip():
+        raise BadRequest(
+            f"empty request body: {request.method} {request.path} takes a JSON object "
+            "(docs/API.md)"
+        )
     decoder = _decoders.get(kind) or _decoders.setdefault(kind, msgspec.json.Decoder(kind))
     try:
         result: T = decoder.decode(body)

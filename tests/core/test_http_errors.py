@@ -19,7 +19,7 @@ async def _call(url: str, method: str, path: str, **kw: object) -> tuple[int, di
 
 CASES = [
     ("POST", "/process", b"{not json", 400, "malformed JSON"),
-    ("POST", "/process", b"", 400, "malformed JSON"),
+    ("POST", "/process", b"", 400, "empty request body"),
     ("POST", "/process", b'{"task": 5}', 400, "$.task"),
     ("POST", "/process", b'{"instance": {}}', 400, "task"),
     ("POST", "/process", b'{"task": "sleep", "bogus": 1}', 400, "bogus"),
