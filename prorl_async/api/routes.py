@@ -73,8 +73,7 @@ async def _decode(request: web.Request, kind: type[T]) -> T:
     body = await _read(request)
     if not body.strip():
         raise BadRequest(
-            f"empty request body: {request.method} {request.path} takes a JSON object "
-            "(docs/API.md)"
+            f"empty request body: {request.method} {request.path} takes a JSON object (docs/API.md)"
         )
     decoder = _decoders.get(kind) or _decoders.setdefault(kind, msgspec.json.Decoder(kind))
     try:

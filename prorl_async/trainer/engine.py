@@ -225,6 +225,10 @@ class Engine:
         loop, unless ``wake=False`` (the caller is the pass that will place it).
         """
         self.reg.forget(sample)
+        pinned = None if sample.pin is None else self.pool.servers.get(sample.pin)
+        if pinned is not None:  # a lost answer: that server may be running it
+            pinned.orphans.add(sample.job_id)
+            pinned.dirty.set()
         if sample.group.uid not in self.reg.groups:
             return
         failures = sample.infra_failures + (1 if count else 0)
@@ -291,14 +295,14 @@ class Engine:
         if sample is None or self.reg.by_job.get(job_id) is not sample:
             return  # an answer we no longer wait for (cancelled, moved, duplicate)
         now = time.monotonic()
-        self.last_result = now
         self.metrics.results += 1
         # A fast job's result may come before its submit call returned.
         server.stats.completed_one(now - (sample.submitted_at or now))
         self.wake.set()
         if classify_result(result) == "infra":
             self.retry(sample, server.url, f"result_{result.get('status')}", None)
-            return
+            return  # not progress: with nothing but failures, next_batch() stalls
+        self.last_result = now
         self.reg.forget(sample)
         group = sample.group
         group.results[sample.k] = result

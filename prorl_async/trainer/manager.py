@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from prorl_async.client import RolloutClient
+from prorl_async.client import RolloutClient, RolloutError
 from prorl_async.trainer.cluster import load_cluster
 from prorl_async.trainer.engine import Engine, Settings, result_cost
 from prorl_async.trainer.errors import PromptsExhausted, RolloutStalled, TrainerError
@@ -32,6 +32,8 @@ __all__ = ["RolloutManager"]
 log = logging.getLogger(__name__)
 
 DEFAULT_CAPACITY = 64
+ENGINES_CHECK_S = 2.0
+"""How often a server in rotation is checked for LLM engines (after a swap form set_weights)."""
 _CLOSE_TIMEOUT_S = 10.0
 
 
@@ -88,6 +90,8 @@ class RolloutManager:
         self._tasks: set[asyncio.Task[None]] = set()
         self._lag = LoopLag()
         self._backends: list[str] | None = None
+        self._swaps = 0  # set_weights(backends=...) calls started, and those pushing now
+        self._swapping = 0
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------
@@ -113,6 +117,7 @@ class RolloutManager:
         self._spawn(self._lag.run())
         if self.sample_deadline_s is not None:
             self._spawn(self._watch_deadlines(self.sample_deadline_s))
+        self._spawn(self._watch_engines())
         engine.wake.set()
         return self
 
@@ -203,6 +208,29 @@ class RolloutManager:
                 log.warning("prompt %s passed its %.0f s deadline; dropped", group.uid, deadline_s)
                 engine.fail_group(group, "deadline")
 
+    async def _watch_engines(self) -> None:
+        """A server in rotation with no LLM engine (restarted while this manager was not
+        talking to it, so never quarantined) is quarantined: _recovered() then gives it
+        the weights before it serves again."""
+        engine = self._require()
+        while True:
+            await asyncio.sleep(ENGINES_CHECK_S)
+            for server in engine.pool.healthy if self._backends is not None else ():
+                swaps = self._swaps
+                try:
+                    status = await server.client.status()
+                except Exception as exc:
+                    if transport_class(exc) is None and not isinstance(exc, RolloutError):
+                        raise
+                    continue  # its poll loop counts transport failures
+                if status.get("backends") or server.quarantined:
+                    continue
+                if self._swapping or swaps != self._swaps:
+                    continue  # a swap between its clear and its add, perhaps
+                log.warning("%s has no LLM engine (restarted?); quarantined", server.url)
+                server.failures = max(server.failures, QUARANTINE_AFTER - 1)
+                engine.server_failed(server, ConnectionResetError("no LLM engine"))
+
     async def _recovered(self, server: ServerState) -> None:
         """Back from quarantine: the current weights first (a restarted server has none),
         then into rotation. A push that fails (an engine of the set is gone, or the server
@@ -285,10 +313,7 @@ class RolloutManager:
             addresses = list(backends or ())
             if not addresses:
                 raise ValueError("backends: give at least one LLM backend address")
-            await asyncio.gather(
-                *(self._push_weights(s, version, addresses) for s in engine.pool.healthy)
-            )
-            self._backends = addresses
+            await self._swap(engine, version, addresses)
         self._staleness.set_version(version)
         engine.wake.set()
 
@@ -344,6 +369,20 @@ class RolloutManager:
             engine.reg.release(group.uid)
         for result in await cancel_on_servers(engine.pool, ids):
             engine.metrics.waste("cancelled", *result_cost(result))
+
+    async def _swap(self, engine: Engine, version: int, addresses: list[str]) -> None:
+        """Push ``addresses`` at ``version`` to every server in rotation; one back from
+        quarantine meanwhile was given the previous weights, so it is pushed these too."""
+        self._swaps += 1
+        self._swapping += 1
+        try:
+            pushed: list[ServerState] = []
+            while missed := [s for s in engine.pool.healthy if s not in pushed]:
+                pushed += missed
+                await asyncio.gather(*(self._push_weights(s, version, addresses) for s in missed))
+        finally:
+            self._swapping -= 1
+        self._backends = addresses
 
     async def _load_weights(self, server: ServerState, version: int, path: str, mode: str) -> None:
         try:

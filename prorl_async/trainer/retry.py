@@ -15,10 +15,18 @@ __all__ = ["Backoff", "classify_result", "transport_class"]
 ResultClass = Literal["ok", "task", "infra"]
 
 
-def classify_result(result: dict[str, Any]) -> ResultClass:
-    """``infra`` for a failure of the machinery (INIT failed, cancelled by a server stop).
+# An LLM call that failed for good (the engine down or answering 5xx, no healthy one left
+# to fail over to) is the machinery's failure wherever the job was; another server's
+# engines may work.
+ENGINE_FAILURES = frozenset({"BackendError", "EngineUnavailable"})
 
-    A rollout that failed in RUN or EVAL, or timed out, is the policy's own result: ``task``.
+
+def classify_result(result: dict[str, Any]) -> ResultClass:
+    """``infra`` for a failure of the machinery (INIT failed, an LLM engine failed,
+    cancelled by a server stop).
+
+    A rollout that failed otherwise in RUN or EVAL, or timed out, is the policy's own
+    result: ``task``.
     """
     status = result.get("status")
     if status == "done":
@@ -26,7 +34,8 @@ def classify_result(result: dict[str, Any]) -> ResultClass:
     if status == "cancelled":
         return "infra"  # we cancel only jobs we no longer track, so this was a server stop
     error = result.get("error") or {}
-    if status == "failed" and error.get("stage") == "init":
+    engine_failed = error.get("type") in ENGINE_FAILURES
+    if status == "failed" and (error.get("stage") == "init" or engine_failed):
         return "infra"
     return "task"
 
