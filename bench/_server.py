@@ -8,7 +8,10 @@ import re
 import sys
 import tempfile
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from pathlib import Path
+
+_ROOT = str(Path(__file__).resolve().parents[1])  # bench/ is a package of the checkout
 
 
 def rss_mib(pid: int) -> float:
@@ -17,6 +20,13 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def open_fds(pid: int) -> int:
@@ -55,17 +65,26 @@ async def server(*args: str, env: dict[str, str] | None = None) -> AsyncIterator
 
 
 @asynccontextmanager
-async def _serve(*args: str, env: dict[str, str] | None) -> AsyncIterator[tuple[int, str]]:
+async def bare() -> AsyncIterator[tuple[int, str]]:
+    """The bare aiohttp + uvloop baseline (``bench/_bare.py``): yields (pid, base URL)."""
+    async with _spawn(("-m", "bench._bare", "--port", "0"), env=None, cwd=_ROOT) as out:
+        yield out
+
+
+def _serve(*args: str, env: dict[str, str] | None) -> AbstractAsyncContextManager[tuple[int, str]]:
+    return _spawn(("-m", "prorl_async.cli", "serve", "--port", "0", *args), env=env)
+
+
+@asynccontextmanager
+async def _spawn(
+    argv: tuple[str, ...], env: dict[str, str] | None, cwd: str | None = None
+) -> AsyncIterator[tuple[int, str]]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
-        "-m",
-        "prorl_async.cli",
-        "serve",
-        "--port",
-        "0",
-        *args,
+        *argv,
         stderr=asyncio.subprocess.PIPE,
         env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
     assert proc.stderr is not None
     drain: asyncio.Task[None] | None = None

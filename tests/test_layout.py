@@ -203,6 +203,14 @@ def test_few_modules_directly_under_the_package() -> None:
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
 
 
+def test_every_room_with_code_is_a_regular_package() -> None:
+    """A directory of modules without ``__init__.py`` is a namespace package: it imports
+    from a checkout, but a wheel or an editable install built by another backend may drop it."""
+    rooms = {p.parent for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts}
+    missing = sorted(str(d.relative_to(ROOT)) for d in rooms if not (d / "__init__.py").exists())
+    assert missing == []
+
+
 def test_architecture_doc_names_files_that_exist() -> None:
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     paths = set(re.findall(r"`((?:prorl_async|handlers|tests|bench|docs)/[\w/.-]+)`", text))

@@ -72,42 +72,41 @@ class _Refused(asyncio.Protocol):
 
 
 class _GuardedHandler(web.RequestHandler):
-    """aiohttp's handler plus a deadline for each request's header block."""
+    """aiohttp's handler plus a deadline for each request's header block.
+
+    The deadline costs one clock read per request: the guard's sweep (``_sweep``) closes
+    the connections whose header block is overdue, so no timer is made per request."""
 
     def __init__(self, guard: ConnectionGuard, manager: web.Server, **kwargs: Any) -> None:
         super().__init__(manager, **kwargs)
         self._guard = guard
-        self._deadline: asyncio.TimerHandle | None = None
+        self._since: float | None = None  # loop time the current header block became due
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._guard.open += 1
+        self._guard.opened(self)
         super().connection_made(transport)
-        self._arm()
+        self._since = self._loop.time()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        self._guard.open -= 1
-        self._disarm()
+        self._guard.closed(self)
+        self._since = None
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if data and self._deadline is None and self._waiter is not None:
+        if data and self._since is None and self._waiter is not None:
             # The first bytes of a request between requests: its headers are now due.
             # (Body bytes arrive while a request is handled: no deadline from them.)
-            self._arm()
+            self._since = self._loop.time()
         super().data_received(data)
         if self._messages:
-            self._disarm()  # a whole header block arrived
+            self._since = None  # a whole header block arrived
 
-    def _arm(self) -> None:
-        self._deadline = self._loop.call_later(self._guard.read_timeout_s, self._expire)
-
-    def _disarm(self) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _expire(self) -> None:
-        self._deadline = None
+    def expire(self, cutoff: float) -> None:
+        """Close the connection if its header block was due before ``cutoff`` (loop time)."""
+        since = self._since
+        if since is None or since > cutoff:
+            return
+        self._since = None
         # Only while waiting for a request (as aiohttp's own keep-alive check does):
         # a request being handled, a long-poll above all, is never cut.
         if self._waiter is not None and not self._waiter.done():
@@ -119,7 +118,9 @@ class ConnectionGuard:
     """Makes the listener's protocols: caps open connections, times out header reads.
 
     ``open``, ``refused`` and ``timed_out`` count connections open now, refused over
-    the cap and closed for a late header block.
+    the cap and closed for a late header block. One timer sweeps the open connections
+    every eighth of ``read_timeout_s``: a late header block is cut between
+    ``read_timeout_s`` and ``1.125 * read_timeout_s`` after it became due.
     """
 
     def __init__(self, *, max_connections: int, read_timeout_s: float, **kw: Any) -> None:
@@ -129,6 +130,8 @@ class ConnectionGuard:
         self.open = 0
         self.refused = 0
         self.timed_out = 0
+        self._handlers: set[_GuardedHandler] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def connect(self, server: web.Server) -> asyncio.Protocol:
         """The protocol for one new connection (``functools.partial`` it as the factory)."""
@@ -137,3 +140,25 @@ class ConnectionGuard:
             return _Refused()
         loop = asyncio.get_running_loop()
         return _GuardedHandler(self, server, loop=loop, **self.handler_kwargs)
+
+    def opened(self, handler: _GuardedHandler) -> None:
+        self.open += 1
+        self._handlers.add(handler)
+        if self._sweeper is None:
+            self._schedule()
+
+    def closed(self, handler: _GuardedHandler) -> None:
+        self.open -= 1
+        self._handlers.discard(handler)
+
+    def _schedule(self) -> None:
+        interval = max(self.read_timeout_s / 8, 0.01)
+        self._sweeper = asyncio.get_running_loop().call_later(interval, self._sweep)
+
+    def _sweep(self) -> None:
+        self._sweeper = None
+        cutoff = asyncio.get_running_loop().time() - self.read_timeout_s
+        for handler in list(self._handlers):
+            handler.expire(cutoff)
+        if self._handlers:
+            self._schedule()

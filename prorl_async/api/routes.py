@@ -61,6 +61,8 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 
 async def _read(request: web.Request) -> bytes:
+    if request.content.is_eof():  # the whole body arrived with the headers: nothing to wait for
+        return await request.read()
     limit = _service(request).config.read_timeout_s
     try:
         async with asyncio.timeout(limit):

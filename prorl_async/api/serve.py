@@ -61,7 +61,7 @@ def serve(config: ServerConfig) -> int:
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    _tune_gc()
+    _tune_interpreter()
     # Connections, sandboxes, PTYs and kernels all take descriptors: 1,024 is not enough.
     log.info("open-file limit: %d", raise_nofile_limit())
     try:
@@ -88,9 +88,13 @@ def bind_problem(host: str, port: int, exc: OSError) -> str:
     return f"cannot bind {host}:{port} ({exc.strerror}): give --host an address of this machine"
 
 
-def _tune_gc() -> None:
+def _tune_interpreter() -> None:
     # Thousands of live job records make full collections the main source of tail
     # latency; collect young objects less often and keep start-up objects out of it.
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
+    # The job store's writer thread needs the interpreter lock for a moment after each
+    # commit's fsync; with the loop busy it waits a whole switch interval for it (5 ms by
+    # default), and every submit waits for that commit.
+    sys.setswitchinterval(float(os.environ.get("PRORL_SWITCH_INTERVAL", "0.0005")))

@@ -9,6 +9,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+from prorl_async.util.timer import PausableTimer
+
 __all__ = ["CURRENT_STAGE", "STAGE_SLOTS", "Ewma", "Pulse", "RateMeter", "StageStats"]
 
 # The stage whose task is running (set by the pipeline in each stage task's own context),
@@ -92,6 +94,10 @@ class StageStats:
         # and whether each is paused now (its timer stopped: waiting for a backend).
         self._running: dict[object, Callable[[], float]] = {}
         self._paused: dict[object, Callable[[], bool]] = {}
+        # Jobs in the stage whose timer is paused now, kept by the timers themselves
+        # (``enter``): ``paused()`` is asked at every INIT admission, with hundreds of
+        # jobs in RUN.
+        self._paused_now = 0
 
     def started(
         self,
@@ -106,9 +112,26 @@ class StageStats:
         self._running.pop(key, None)
         self._paused.pop(key, None)
 
+    def enter(self, key: object, timer: PausableTimer) -> None:
+        """A job entered the stage with ``timer`` (its active time from here on counts)."""
+        before = timer.elapsed()
+        self._running[key] = lambda: timer.elapsed() - before
+        timer.watcher = self._pause_changed
+        if not timer.running:
+            self._paused_now += 1
+
+    def leave(self, key: object, timer: PausableTimer) -> None:
+        self._running.pop(key, None)
+        timer.watcher = None
+        if not timer.running:
+            self._paused_now -= 1
+
+    def _pause_changed(self, delta: int) -> None:
+        self._paused_now += delta
+
     def paused(self) -> int:
         """How many jobs in the stage are paused now (e.g. waiting for an LLM backend)."""
-        return sum(1 for is_paused in self._paused.values() if is_paused())
+        return self._paused_now + sum(1 for is_paused in self._paused.values() if is_paused())
 
     def running_age(self) -> float | None:
         """Median active seconds so far of the jobs in the stage (``None``: none).
@@ -136,16 +159,33 @@ class Pulse:
     def __init__(self) -> None:
         self._event = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
+        self._waiting = 0
+        self._soon: asyncio.Handle | None = None
 
     def on_fire(self, callback: Callable[[], None]) -> None:
         """Also call ``callback`` (synchronously) on every ``fire``."""
         self._listeners.append(callback)
 
     def fire(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
+        if self._waiting:  # a new event only when someone waits on the current one
+            self._event.set()
+            self._event = asyncio.Event()
         for callback in self._listeners:
             callback()
 
+    def fire_soon(self) -> None:
+        """``fire`` once at the end of this loop iteration, however many changes come
+        before it: jobs moving in bulk wake waiters and listeners once, not per job."""
+        if self._soon is None:
+            self._soon = asyncio.get_running_loop().call_soon(self._fire_now)
+
+    def _fire_now(self) -> None:
+        self._soon = None
+        self.fire()
+
     async def wait(self) -> None:
-        await self._event.wait()
+        self._waiting += 1
+        try:
+            await self._event.wait()
+        finally:
+            self._waiting -= 1

@@ -22,6 +22,7 @@ T = TypeVar("T")
 
 
 TERMINAL = frozenset({"done", "failed", "cancelled", "timed_out"})
+_QUEUED = {s: f"queued_{s._value_}" for s in Stage}
 
 
 class TrajectoryLike(Protocol):
@@ -86,7 +87,11 @@ class Job:
         self.seq: int | None = None
         self.callback_url: str | None = None
         self.cancel_requested = False
+        # The worker task running the job's stage now; a cancel cancels it (counted in
+        # stage_cancels, which the worker takes back) and waits for stage_done.
         self.stage_task: asyncio.Task[Any] | None = None
+        self.stage_cancels = 0
+        self.stage_done: asyncio.Future[None] | None = None
         self.stage_active: dict[Stage, float] = {}
         self.stage_wall: dict[Stage, float] = {}
         self.queued_s = 0.0
@@ -126,7 +131,7 @@ class Job:
     # -- queue time ------------------------------------------------------------------------
 
     def enter_queue(self, stage: Stage) -> None:
-        self.status = f"queued_{stage.value}"
+        self.status = _QUEUED[stage]
         self._queued_since = time.monotonic()
 
     def leave_queue(self) -> None:

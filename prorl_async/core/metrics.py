@@ -1,12 +1,24 @@
-"""Prometheus metrics: counters/histograms fed by events, live gauges read at scrape time."""
+"""Prometheus metrics: counters/histograms fed by events, live gauges read at scrape time.
+
+The two updated for every job (``prorl_jobs_total``, ``prorl_stage_seconds``) are plain
+counts in this process, turned into metric families at scrape time: no lock and no
+child lookup on the pipeline's path.
+"""
 
 from __future__ import annotations
 
+import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 __all__ = ["LiveState", "Metrics"]
@@ -86,21 +98,64 @@ def _labelled(name: str, doc: str, label: str, values: dict[str, int]) -> GaugeM
     return family
 
 
+class _Counts:
+    """A labelled counter without a lock: one int per label value (one event loop)."""
+
+    def __init__(self, labels: tuple[str, ...]) -> None:
+        self.values = dict.fromkeys(labels, 0)
+        self.created = time.time()
+
+
+class _Observations:
+    """A labelled histogram without a lock: per label value, counts per bucket and a sum."""
+
+    def __init__(self, labels: tuple[str, ...], buckets: tuple[float, ...]) -> None:
+        self.bounds = buckets
+        self.counts = {label: [0] * (len(buckets) + 1) for label in labels}
+        self.sums = dict.fromkeys(labels, 0.0)
+
+    def observe(self, label: str, value: float) -> None:
+        self.counts[label][bisect_left(self.bounds, value)] += 1
+        self.sums[label] += value
+
+
+class _EventCollector(Collector):
+    """``prorl_jobs_total`` and ``prorl_stage_seconds`` from their counts, at scrape time."""
+
+    def __init__(self, jobs: _Counts, stages: _Observations) -> None:
+        self._jobs = jobs
+        self._stages = stages
+
+    def collect(self) -> Iterator[Metric]:
+        jobs = CounterMetricFamily("prorl_jobs", "Jobs that ended, by status", labels=["status"])
+        for status, n in self._jobs.values.items():
+            jobs.add_metric([status], n, created=self._jobs.created)
+        yield jobs
+        obs = self._stages
+        hist = HistogramMetricFamily(
+            "prorl_stage_seconds", "Active seconds spent in a stage", labels=["stage"]
+        )
+        for stage, counts in obs.counts.items():
+            total, buckets = 0, []
+            for bound, n in zip((*obs.bounds, float("inf")), counts, strict=True):
+                total += n
+                buckets.append((_le(bound), total))
+            hist.add_metric([stage], buckets, obs.sums[stage])
+        yield hist
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
 class Metrics:
     """One registry per server (so several servers can live in one process)."""
 
     def __init__(self, state: LiveState) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.jobs_total = Counter(
-            "prorl_jobs", "Jobs that ended, by status", ["status"], registry=self.registry
-        )
-        self.stage_seconds = Histogram(
-            "prorl_stage_seconds",
-            "Active seconds spent in a stage",
-            ["stage"],
-            buckets=_STAGE_BUCKETS,
-            registry=self.registry,
-        )
+        self.jobs_total = _Counts(("done", "failed", "cancelled", "timed_out"))
+        self.stage_seconds = _Observations(("init", "run", "eval"), _STAGE_BUCKETS)
+        self.registry.register(_EventCollector(self.jobs_total, self.stage_seconds))
         self.tool_seconds = Histogram(
             "prorl_tool_seconds",
             "Seconds per tool call",
@@ -108,11 +163,6 @@ class Metrics:
             buckets=_TOOL_BUCKETS,
             registry=self.registry,
         )
-        # Label children resolved once: .labels() takes a lock and a dict walk per call.
-        self._stage_children = {s: self.stage_seconds.labels(s) for s in ("init", "run", "eval")}
-        self._status_children = {
-            s: self.jobs_total.labels(s) for s in ("done", "failed", "cancelled", "timed_out")
-        }
         for tool in ("bash", "python", "str_replace_editor"):
             self.tool_seconds.labels(tool)
         self.clamped_logprobs = Counter(
@@ -153,10 +203,10 @@ class Metrics:
         self.weight_pause_seconds.observe(seconds)
 
     def stage_finished(self, stage: str, seconds: float) -> None:
-        self._stage_children[stage].observe(seconds)
+        self.stage_seconds.observe(stage, seconds)
 
     def job_finished(self, status: str) -> None:
-        self._status_children[status].inc()
+        self.jobs_total.values[status] += 1
 
     def tool_called(self, tool: str, seconds: float) -> None:
         self.tool_seconds.labels(tool).observe(seconds)

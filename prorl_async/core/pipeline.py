@@ -2,15 +2,18 @@
 
 Each stage is an ``asyncio.Queue`` drained by a resizable pool of worker coroutines
 (``capacity.WorkerPool``: the worker count is the stage's concurrency); INIT workers
-start a job only when RUN will take it soon (``capacity.JitGate``). A stage runs
-as its own task so it can be cancelled (cancel, timeout, stop) without touching
-the worker, which always goes on to the next job.
+start a job only when RUN will take it soon (``capacity.JitGate``). A worker runs a
+job's stage in its own task: no task per stage and job. A cancel (cancel, stop) cancels
+the worker and waits until the stage has unwound; the worker takes that cancellation
+back (``Task.uncancel``) and goes on to the next job. Only a cancellation of the worker
+itself (shutdown) ends it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import logging
 import time
 from collections.abc import Coroutine
@@ -30,6 +33,16 @@ __all__ = ["JobListener", "Pipeline", "PipelineObserver"]
 log = logging.getLogger(__name__)
 
 _NEXT = {Stage.INIT: Stage.RUN, Stage.RUN: Stage.EVAL}
+_BY_NAME = {s._value_: s for s in Stage}
+
+
+def _take_back(worker: asyncio.Task[Any], job: Job) -> bool:
+    """Withdraw the cancellations ``_cancel`` sent the worker for ``job``'s stage; True if
+    the worker is still being cancelled (it is being shut down)."""
+    for _ in range(job.stage_cancels):
+        worker.uncancel()
+    job.stage_cancels = 0
+    return worker.cancelling() > 0
 
 
 class Outcome(enum.Enum):
@@ -87,7 +100,7 @@ class Pipeline:
         self.jit = JitGate(
             changed=self.changed,
             queued_run=lambda: self.queued[Stage.RUN],
-            busy=lambda s: self.active[Stage(s)],
+            busy=lambda s: self.active[_BY_NAME[s]],
             run_workers=lambda: self.pools[Stage.RUN].size,
             stats=self.stats,
             enabled=jit_init,
@@ -95,10 +108,8 @@ class Pipeline:
         self._started = False
 
     def _pool(self, stage: Stage, size: int) -> WorkerPool[Job]:
-        async def handle(job: Job) -> None:
-            await self._work(job, stage)
-
-        return WorkerPool(stage.value, self.queues[stage], handle, size)
+        work = functools.partial(self._work, stage=stage)
+        return WorkerPool(stage._value_, self.queues[stage], work, size)
 
     @property
     def workers(self) -> dict[Stage, int]:
@@ -182,10 +193,16 @@ class Pipeline:
             return
         job.cancel_requested = True
         self._dequeue(job)
-        task = job.stage_task
-        if task is not None:
-            task.cancel()
-            await asyncio.wait((task,))
+        worker = job.stage_task
+        if worker is not None:
+            # The worker running the job's stage: it takes this cancellation back once the
+            # stage has unwound (``_take_back``) and resolves ``stage_done``.
+            if job.stage_done is None:
+                job.stage_done = asyncio.get_running_loop().create_future()
+            done = job.stage_done
+            job.stage_cancels += 1
+            worker.cancel()
+            await asyncio.wait((done,))
         # Also covers a stage that had just succeeded (INIT keeps what it holds).
         await self._release(job)
         self._finish(job, "cancelled")
@@ -197,8 +214,8 @@ class Pipeline:
         job.queue_stage = stage
         self.queued[stage] += 1
         self.queues[stage].put_nowait(job)
-        self.stats[stage.value].arrivals.add()
-        self.changed.fire()
+        self.stats[stage._value_].arrivals.add()
+        self.changed.fire_soon()
 
     def _dequeue(self, job: Job) -> bool:
         stage = job.queue_stage
@@ -209,12 +226,12 @@ class Pipeline:
         waited = job.queued_s
         job.leave_queue()
         if job.holds_resources:  # a sandbox alive and waiting: idle sandbox-seconds
-            self.stats[stage.value].idle_sandbox_seconds += job.queued_s - waited
-        self.changed.fire()
+            self.stats[stage._value_].idle_sandbox_seconds += job.queued_s - waited
+        self.changed.fire_soon()
         return True
 
     async def _work(self, job: Job, stage: Stage) -> None:
-        if stage is Stage.INIT:
+        if stage is Stage.INIT and not self.jit.open():
             # The job stays queued (timer paused) until RUN will take it soon.
             await self.jit.wait(lambda: job.cancel_requested)
         if not self._dequeue(job):
@@ -223,93 +240,101 @@ class Pipeline:
             await self._process(job, stage)
 
     async def _process(self, job: Job, stage: Stage) -> None:
-        job.status = stage.value
+        job.status = stage._value_
         self.active[stage] += 1
-        self.changed.fire()
-        task = asyncio.create_task(self._execute(job, stage), name=f"{stage}:{job.id}")
-        job.stage_task = task
+        self.changed.fire_soon()
+        worker = asyncio.current_task()
+        assert worker is not None
+        job.stage_task = worker
+        outcome: tuple[Outcome, BaseException | None] | None = None
         try:
-            await task
+            outcome = await self._execute(job, stage, worker)
         except asyncio.CancelledError:
-            worker = asyncio.current_task()
-            if worker is None or not worker.cancelling():
-                pass  # the stage task was cancelled (cancel/stop): _advance reports it
-            else:
+            if _take_back(worker, job):
                 # The worker itself is being shut down: the job goes with it.
                 job.cancel_requested = True
-                task.cancel()
-                await asyncio.wait((task,))
                 self._finish(job, "cancelled")
                 raise
+        else:
+            _take_back(worker, job)  # a cancel the stage swallowed
         finally:
             self.active[stage] -= 1
             job.stage_task = None
-            self.changed.fire()
-        self._advance(job, stage, task)
+            done, job.stage_done = job.stage_done, None
+            if done is not None and not done.done():
+                done.set_result(None)
+            self.changed.fire_soon()
+        self._advance(job, stage, outcome)
 
-    def _advance(self, job: Job, stage: Stage, task: asyncio.Task[Any]) -> None:
+    def _advance(
+        self, job: Job, stage: Stage, outcome: tuple[Outcome, BaseException | None] | None
+    ) -> None:
         if job.terminal:
             return
-        if task.cancelled() or job.cancel_requested:
+        if outcome is None or job.cancel_requested:
             self._finish(job, "cancelled")
             return
-        outcome, exc = task.result()
-        if outcome is Outcome.OK:
+        result, exc = outcome
+        if result is Outcome.OK:
             nxt = _NEXT.get(stage)
             if nxt is None:
                 self._finish(job, "done")
             else:
                 self._enqueue(job, nxt)
-        elif outcome is Outcome.TIMED_OUT:
-            msg = f"active time budget of {job.timer.budget:g}s ran out during {stage.value}"
-            self._finish(job, "timed_out", ErrorInfo(stage.value, "TimeoutError", msg))
+        elif result is Outcome.TIMED_OUT:
+            msg = f"active time budget of {job.timer.budget:g}s ran out during {stage._value_}"
+            self._finish(job, "timed_out", ErrorInfo(stage._value_, "TimeoutError", msg))
         else:
-            self._finish(job, "failed", ErrorInfo(stage.value, type(exc).__name__, str(exc)))
+            self._finish(job, "failed", ErrorInfo(stage._value_, type(exc).__name__, str(exc)))
 
-    async def _execute(self, job: Job, stage: Stage) -> tuple[Outcome, BaseException | None]:
+    async def _execute(
+        self, job: Job, stage: Stage, worker: asyncio.Task[Any]
+    ) -> tuple[Outcome, BaseException | None]:
+        name: str = stage._value_
+        stats = self.stats[name]
         keep = False
-        CURRENT_STAGE.set(stage.value)  # this task's own context: no reset needed
+        stage_token = CURRENT_STAGE.set(name)
         slots = [0]  # budget slots this job takes in this stage
-        STAGE_SLOTS.set(slots)
-        before, t0 = job.timer.elapsed(), time.monotonic()
-        self.stats[stage.value].started(
-            job, lambda: job.timer.elapsed() - before, lambda: not job.timer.running
-        )
-        timeout: asyncio.Timeout | None = None
+        slots_token = STAGE_SLOTS.set(slots)
+        timer = job.timer
+        before, t0 = timer.elapsed(), time.monotonic()
+        stats.enter(job, timer)
+        deadline = timer.deadline(worker)
         try:
-            async with job.timer.deadline() as timeout:
-                await getattr(job.handler, stage.value)(job)
+            async with deadline:
+                await getattr(job.handler, name)(job)
             keep = stage is Stage.INIT
             return Outcome.OK, None
         except TimeoutError as exc:
-            hit = timeout is not None and timeout.expired()
-            self._notify(job, stage, exc)
-            return (Outcome.TIMED_OUT if hit else Outcome.FAILED), exc
+            self._notify(job, name, exc)
+            return (Outcome.TIMED_OUT if deadline.expired() else Outcome.FAILED), exc
         except Exception as exc:
-            self._notify(job, stage, exc)
+            self._notify(job, name, exc)
             return Outcome.FAILED, exc
         finally:
-            active = job.timer.elapsed() - before
+            active = timer.elapsed() - before
             job.stage_active[stage] = job.stage_active.get(stage, 0.0) + active
             wall = time.monotonic() - t0
             job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + wall
-            self.stats[stage.value].ended(job)
-            self.stats[stage.value].finished(wall, active, slots[0])
+            stats.leave(job, timer)
+            stats.finished(wall, active, slots[0])
             if stage is not Stage.INIT and job.holds_resources:
                 # Waiting (timer paused, e.g. for a backend) while holding a sandbox: idle too.
-                self.stats[stage.value].idle_sandbox_seconds += max(wall - active, 0.0)
+                stats.idle_sandbox_seconds += max(wall - active, 0.0)
             if self.observer is not None:
-                self.observer.stage_finished(stage.value, active)
+                self.observer.stage_finished(name, active)
+            STAGE_SLOTS.reset(slots_token)
+            CURRENT_STAGE.reset(stage_token)
             # What the job holds is freed after RUN (before EVAL) and on any failure.
-            if not keep:
+            if not keep and job.holds_resources:
                 await self._release(job)
 
     @staticmethod
-    def _notify(job: Job, stage: Stage, exc: BaseException) -> None:
+    def _notify(job: Job, stage: str, exc: BaseException) -> None:
         try:
-            getattr(job.handler, f"{stage.value}_exception")(job, exc)
+            getattr(job.handler, f"{stage}_exception")(job, exc)
         except Exception:
-            log.exception("%s_exception of task %r raised", stage.value, job.task)
+            log.exception("%s_exception of task %r raised", stage, job.task)
 
     @staticmethod
     async def _release(job: Job) -> None:

@@ -28,28 +28,36 @@ _EMPTY_TRAJECTORY: dict[str, Any] = {
 }
 
 
+def _us(seconds: float) -> float:
+    # Microseconds, as round(seconds, 6) but a third of its cost (8 per result document).
+    return round(seconds * 1e6) / 1e6
+
+
 def timing(job: Job) -> dict[str, float]:
-    active = {s: job.stage_active.get(s, 0.0) for s in Stage}
+    active = job.stage_active
+    init = active.get(Stage.INIT, 0.0)
+    run = active.get(Stage.RUN, 0.0)
+    eval_ = active.get(Stage.EVAL, 0.0)
+    total_active = init + run + eval_
     wall = sum(job.stage_wall.values())
-    total_active = sum(active.values())
     return {
-        "queued_s": round(job.queued_s, 6),
-        "init_s": round(active[Stage.INIT], 6),
-        "run_s": round(active[Stage.RUN], 6),
-        "eval_s": round(active[Stage.EVAL], 6),
-        "active_s": round(total_active, 6),
+        "queued_s": _us(job.queued_s),
+        "init_s": _us(init),
+        "run_s": _us(run),
+        "eval_s": _us(eval_),
+        "active_s": _us(total_active),
         # Time inside a stage with the timer paused (waiting for an LLM backend).
-        "backend_wait_s": round(max(wall - total_active, 0.0), 6),
+        "backend_wait_s": _us(max(wall - total_active, 0.0)),
         # Submit to terminal, wall clock: queued + active + backend wait + orchestration.
-        "total_s": round(max(job.finished_at - job.submitted_at, 0.0), 6),
+        "total_s": _us(max(job.finished_at - job.submitted_at, 0.0)),
         # When it ended, wall clock (Unix seconds): how late a reader learns of it.
-        "ended_at": round(time.time() - time.monotonic() + job.finished_at, 6),
+        "ended_at": _us(time.time() - time.monotonic() + job.finished_at),
     }
 
 
 def _trajectory_fields(job: Job) -> dict[str, Any]:
     if job.trajectory is None:
-        return dict(_EMPTY_TRAJECTORY)
+        return _EMPTY_TRAJECTORY  # only read (merged into the document)
     fields = dict(_EMPTY_TRAJECTORY)
     fields.update(job.trajectory.to_result())
     fields["num_turns"] = sum(1 for t in fields["turns"] if t.get("role") == "assistant")

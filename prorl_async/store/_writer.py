@@ -2,9 +2,16 @@
 
 The loop appends statements to the current batch; the batch is handed to the thread
 at the end of the loop iteration. The thread takes every batch waiting, runs them in
-one transaction and commits once (one fsync for all of them), then resolves each
-batch's future on the loop. ``sync()`` waits for the batch holding every statement
-issued so far: an HTTP answer sent after it is backed by the disk.
+one transaction and commits once (one fsync for all of them), then hands the batches
+back to the loop in one call, which resolves each batch's future and runs the
+callbacks registered for after its commit. ``sync()`` waits for the batch holding
+every statement issued so far: an HTTP answer sent after it is backed by the disk.
+
+Two things keep the thread's share of the interpreter lock small (the loop needs it
+to serve requests): runs of consecutive rows of one kind (``RowKind``: job accepted,
+job finished) are written by one multi-row statement each instead of one statement
+per row, and a statement that only keeps a high-water mark (``write_last``) is run
+once per transaction with its latest parameters.
 """
 
 from __future__ import annotations
@@ -14,59 +21,104 @@ import logging
 import queue
 import sqlite3
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["Writer"]
+__all__ = ["RowKind", "Writer"]
 
 log = logging.getLogger(__name__)
 
 Statement = tuple[str, tuple[Any, ...]]
+# Rows per multi-row statement: a run is cut into these sizes, so each kind prepares at
+# most this many distinct statements (the connection's statement cache keeps them).
+_CHUNKS = (256, 64, 16, 4, 1)
+
+
+class RowKind:
+    """A one-row statement that may be written for many rows at once: ``sql`` is what
+    ``Writer.write`` is given, ``many(n)`` the same for ``n`` rows (parameters of the
+    rows one after the other), ``key`` the index of the row's id in its parameters (a
+    run never holds one id twice, so the multi-row form changes nothing)."""
+
+    def __init__(self, sql: str, many: Callable[[int], str] | None, key: int) -> None:
+        self.sql = sql
+        self.key = key
+        self._many = {} if many is None else {n: many(n) for n in _CHUNKS}
+
+    def many(self, n: int) -> str | None:
+        return self._many.get(n)
 
 
 class _Batch:
-    __slots__ = ("statements", "future")
+    __slots__ = ("statements", "waiters", "after", "done", "error")
 
-    def __init__(self, future: asyncio.Future[BaseException | None]) -> None:
+    def __init__(self) -> None:
         self.statements: list[Statement] = []
-        self.future = future
+        # One future per ``sync`` caller: a caller that goes away cancels only its own.
+        self.waiters: list[asyncio.Future[None]] = []
+        self.done = False
+        self.error: BaseException | None = None
+        # (callback, always): called on the loop after the commit (always: even if it failed)
+        self.after: list[tuple[Callable[[bool], None], bool]] = []
 
 
 class Writer:
     """Owns the write connection and its thread; ``aclose`` commits what is queued."""
 
-    def __init__(self, conn: sqlite3.Connection, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        loop: asyncio.AbstractEventLoop,
+        kinds: Sequence[RowKind] = (),
+    ) -> None:
         self._conn = conn
         self._loop = loop
-        self._queue: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._kinds = {kind.sql: kind for kind in kinds}
+        self._queue: queue.SimpleQueue[tuple[_Batch, dict[str, Statement]] | None] = (
+            queue.SimpleQueue()
+        )
         self._batch: _Batch | None = None
-        self._last: asyncio.Future[BaseException | None] | None = None
+        self._last: dict[str, Statement] = {}
+        self._handed: _Batch | None = None  # the last batch handed to the thread
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="jobstore-writer", daemon=True)
         self._thread.start()
 
-    def write(self, sql: str, params: tuple[Any, ...]) -> None:
-        """Queue one statement; it is committed with its batch."""
+    def _current(self) -> _Batch:
         if self._closed:
             raise RuntimeError("job store is closed")
-        if self._batch is None:
-            self._batch = _Batch(self._loop.create_future())
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = _Batch()
             self._loop.call_soon(self._hand_over)
-        self._batch.statements.append((sql, params))
+        return batch
 
-    def pending(self) -> asyncio.Future[BaseException | None]:
-        """The future of the batch the next statement joins (resolved after its commit)."""
-        if self._batch is None:
-            raise RuntimeError("no statement queued")
-        return self._batch.future
+    def write(self, sql: str, params: tuple[Any, ...]) -> None:
+        """Queue one statement; it is committed with its batch."""
+        self._current().statements.append((sql, params))
+
+    def write_last(self, key: str, sql: str, params: tuple[Any, ...]) -> None:
+        """Queue a statement run once per transaction, after the others, with the
+        parameters of the latest call for ``key`` (an upsert of a high-water mark)."""
+        self._current()
+        self._last[key] = (sql, params)
+
+    def after_commit(self, callback: Callable[[bool], None], *, always: bool = False) -> None:
+        """Call ``callback(committed)`` on the loop once everything queued so far is
+        committed (``always``: also, with False, if that commit failed)."""
+        self._current().after.append((callback, always))
 
     async def sync(self) -> None:
         """Return once every statement queued so far is committed; raise if the commit failed."""
-        fut = self._batch.future if self._batch is not None else self._last
-        if fut is None:
+        batch = self._batch if self._batch is not None else self._handed
+        if batch is None:
             return
-        error = await asyncio.shield(fut)
-        if error is not None:
-            raise error
+        if not batch.done:
+            waiter = self._loop.create_future()
+            batch.waiters.append(waiter)
+            await waiter
+        if batch.error is not None:
+            raise batch.error
 
     async def aclose(self) -> None:
         """Commit what is queued, end the thread. Idempotent."""
@@ -80,8 +132,9 @@ class Writer:
     def _hand_over(self) -> None:
         batch, self._batch = self._batch, None
         if batch is not None:
-            self._last = batch.future
-            self._queue.put(batch)
+            self._handed = batch
+            last, self._last = self._last, {}
+            self._queue.put((batch, last))
 
     # -- the writer thread -------------------------------------------------------------------
 
@@ -91,7 +144,7 @@ class Writer:
             first = self._queue.get()
             if first is None:
                 break
-            batches = [first]
+            taken = [first]
             while True:
                 try:
                     nxt = self._queue.get_nowait()
@@ -100,24 +153,73 @@ class Writer:
                 if nxt is None:
                     stop = True
                     break
-                batches.append(nxt)
-            self._commit(batches)
+                taken.append(nxt)
+            self._commit(taken)
         self._conn.close()
 
-    def _commit(self, batches: list[_Batch]) -> None:
+    def _commit(self, taken: list[tuple[_Batch, dict[str, Statement]]]) -> None:
         error: BaseException | None = None
+        last: dict[str, Statement] = {}
+        statements: list[Statement] = []
+        for batch, batch_last in taken:
+            statements += batch.statements
+            last.update(batch_last)
         try:
             with self._conn:  # one transaction, one commit for every batch waiting
-                for batch in batches:
-                    for sql, params in batch.statements:
-                        self._conn.execute(sql, params)
+                self._execute(statements)
+                for sql, params in last.values():
+                    self._conn.execute(sql, params)
         except sqlite3.Error as exc:
-            log.error("job store commit of %d batches failed: %s", len(batches), exc)
+            log.error("job store commit of %d batches failed: %s", len(taken), exc)
             error = exc
-        for batch in batches:
-            self._loop.call_soon_threadsafe(_resolve, batch.future, error)
+        self._loop.call_soon_threadsafe(_resolve, [batch for batch, _ in taken], error)
+
+    def _execute(self, statements: list[Statement]) -> None:
+        execute, i, n = self._conn.execute, 0, len(statements)
+        while i < n:
+            sql, params = statements[i]
+            kind = self._kinds.get(sql)
+            if kind is None:
+                execute(sql, params)
+                i += 1
+                continue
+            # A run of rows of one kind, each id once: as few multi-row statements as can be.
+            ids = {params[kind.key]}
+            end = i + 1
+            while end < n and statements[end][0] == sql:
+                key = statements[end][1][kind.key]
+                if key in ids:
+                    break
+                ids.add(key)
+                end += 1
+            self._rows(kind, [p for _, p in statements[i:end]])
+            i = end
+
+    def _rows(self, kind: RowKind, rows: list[tuple[Any, ...]]) -> None:
+        if kind.many(1) is None:  # no multi-row form: one executemany for the run
+            self._conn.executemany(kind.sql, rows)
+            return
+        at = 0
+        for size in _CHUNKS:
+            while len(rows) - at >= size:
+                chunk = rows[at : at + size]
+                sql = kind.many(size) if size > 1 else None
+                if sql is None:
+                    self._conn.execute(kind.sql, chunk[0])
+                else:
+                    self._conn.execute(sql, [v for row in chunk for v in row])
+                at += size
 
 
-def _resolve(fut: asyncio.Future[BaseException | None], error: BaseException | None) -> None:
-    if not fut.done():
-        fut.set_result(error)
+def _resolve(batches: list[_Batch], error: BaseException | None) -> None:
+    for batch in batches:
+        batch.done, batch.error = True, error
+        for waiter in batch.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        for callback, always in batch.after:
+            if error is None or always:
+                try:
+                    callback(error is None)
+                except Exception:
+                    log.exception("job store: a callback after the commit failed")

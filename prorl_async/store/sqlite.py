@@ -10,6 +10,7 @@ bounded in bytes; a result missing from the cache is read back from the file.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import sqlite3
 import sys
@@ -27,7 +28,7 @@ from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
 from prorl_async.store import _completions
 from prorl_async.store._outbox import SqliteOutbox
 from prorl_async.store._tombstones import Tombstones
-from prorl_async.store._writer import Writer
+from prorl_async.store._writer import RowKind, Writer
 
 __all__ = ["StoreError", "SqliteJobStore"]
 
@@ -52,6 +53,19 @@ _ACCEPT = (
     "VALUES (?, ?, 'accepted', ?, NULL, NULL, ?)"
 )
 _FINISH = "UPDATE jobs SET status = ?, result = ?, expires_at = ?, seq = ?, reward = ? WHERE id = ?"
+# The same for many rows in one statement each (the writer's multi-row form).
+_ROWS = (
+    RowKind(
+        _ACCEPT,
+        lambda n: (
+            _ACCEPT.split("VALUES")[0]
+            + "VALUES "
+            + ", ".join(["(?, ?, 'accepted', ?, NULL, NULL, ?)"] * n)
+        ),
+        key=0,
+    ),
+    RowKind(_FINISH, None, key=5),  # an UPDATE ... FROM (VALUES ...) is slower here
+)
 _DELETE = "DELETE FROM jobs WHERE id = ?"
 _EXPIRE = "DELETE FROM jobs WHERE id = ? AND status != 'accepted'"
 _TOMBSTONE = "INSERT OR REPLACE INTO tombstones(id, expires_at) VALUES (?, ?)"
@@ -126,7 +140,7 @@ class SqliteJobStore:
                 "move it away or start with --reset-state to set it aside"
             ) from None
         self._reader = reader
-        self._writer = Writer(writer, asyncio.get_running_loop())
+        self._writer = Writer(writer, asyncio.get_running_loop(), _ROWS)
         return unfinished
 
     def _load(self, conn: sqlite3.Connection) -> list[UnfinishedRecord]:
@@ -246,11 +260,14 @@ class SqliteJobStore:
         self._write(_FINISH, (job.status, body, wall, job.seq, job.reward, job.id))
         if job.callback_url is not None:  # one transaction with the result: never lost
             self.outbox.add(job.id, job.callback_url, time.time())
-        self._forget_pending_after_commit(job.id, body)
+        entry = None
         if job.seq is not None:
-            entry = (job.tenant, job.seq, job.id, job.status, job.reward)
             # Readers of the completion log see it once the result and its seq are durable.
-            self.write_then(_completions.LAST_SEQ, (job.seq,), lambda: self.log.commit(*entry))
+            entry = (job.tenant, job.seq, job.id, job.status, job.reward)
+            self._writer_().write_last("last_seq", _completions.LAST_SEQ, (job.seq,))
+        self._writer_().after_commit(
+            functools.partial(self._committed, job.id, body, entry), always=True
+        )
         if job.status == "cancelled":
             self.tombstone(job.id)
 
@@ -318,13 +335,26 @@ class SqliteJobStore:
     def write_then(self, sql: str, params: tuple[Any, ...], done: Callable[[], None]) -> None:
         """Queue one statement; call ``done`` on the loop once its transaction committed."""
         self._write(sql, params)
-        assert self._writer is not None
+        self._writer_().after_commit(lambda ok: done())
 
-        def committed(fut: asyncio.Future[BaseException | None]) -> None:
-            if not fut.cancelled() and fut.result() is None:
-                done()
+    def _writer_(self) -> Writer:
+        if self._writer is None:
+            raise RuntimeError(f"job store {self.path} is not open")
+        return self._writer
 
-        self._writer.pending().add_done_callback(committed)
+    def _committed(
+        self,
+        job_id: str,
+        body: bytes,
+        entry: tuple[str, int, str, str, float | None] | None,
+        ok: bool,
+    ) -> None:
+        """After the transaction holding a result: it is no longer served from ``_pending``;
+        the completion log has it (if that transaction committed)."""
+        if self._pending.get(job_id) is body:
+            del self._pending[job_id]
+        if ok and entry is not None:
+            self.log.commit(*entry)
 
     async def query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on the reader connection in a worker thread (committed rows only)."""
@@ -332,15 +362,6 @@ class SqliteJobStore:
             if self._reader is None:
                 raise RuntimeError(f"job store {self.path} is not open")
             return await asyncio.to_thread(fn, self._reader)
-
-    def _forget_pending_after_commit(self, job_id: str, body: bytes) -> None:
-        assert self._writer is not None
-
-        def forget(_: object) -> None:
-            if self._pending.get(job_id) is body:
-                del self._pending[job_id]
-
-        self._writer.pending().add_done_callback(forget)
 
     def _drop_done(self, job_id: str) -> bool:
         self._pending.pop(job_id, None)

@@ -1,9 +1,9 @@
 """A job's pausable activity timer.
 
 The timer runs only while the job is inside a stage and pauses while it waits in
-a queue or for an LLM backend. Its budget (``timeout_s``) is enforced through an
-``asyncio.Timeout`` that the timer reschedules on every pause and resume, so a
-stage is cancelled exactly when the *active* time runs out.
+a queue or for an LLM backend. Its budget (``timeout_s``) is enforced through a
+``Deadline`` (``asyncio.Timeout``'s semantics) that the timer reschedules on every
+pause and resume, so a stage is cancelled exactly when the *active* time runs out.
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any
 
-__all__ = ["PausableTimer", "current_timer"]
+__all__ = ["Deadline", "PausableTimer", "current_timer"]
 
 # The timer of the stage running in this task (set by ``deadline``), so code deep in a
 # handler (a sandbox start waiting for budget) can pause it without being handed the job.
@@ -31,14 +33,16 @@ def current_timer() -> PausableTimer | None:
 class PausableTimer:
     """Counts active seconds against a budget; paused by default."""
 
-    __slots__ = ("budget", "_active", "_since", "_timeout", "_clock")
+    __slots__ = ("budget", "_active", "_since", "_timeout", "_clock", "watcher")
 
     def __init__(self, budget: float | None) -> None:
         self.budget = budget
         self._active = 0.0
         self._since: float | None = None
-        self._timeout: asyncio.Timeout | None = None
+        self._timeout: Deadline | None = None
         self._clock = time.monotonic
+        # Told +1 on every pause and -1 on every resume (a stage's count of paused jobs).
+        self.watcher: Callable[[int], None] | None = None
 
     @property
     def running(self) -> bool:
@@ -62,13 +66,19 @@ class PausableTimer:
     def resume(self) -> None:
         if self._since is None:
             self._since = self._clock()
-            self._reschedule()
+            if self._timeout is not None:
+                self._timeout.arm()
+            if self.watcher is not None:
+                self.watcher(-1)
 
     def pause(self) -> None:
         if self._since is not None:
             self._active += self._clock() - self._since
             self._since = None
-            self._reschedule()
+            if self._timeout is not None:
+                self._timeout.disarm()
+            if self.watcher is not None:
+                self.watcher(1)
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -81,30 +91,112 @@ class PausableTimer:
             if was_running:
                 self.resume()
 
-    @asynccontextmanager
-    async def deadline(self) -> AsyncIterator[asyncio.Timeout]:
-        """Run the body as active time; cancel it when the budget runs out.
+    def deadline(self, task: asyncio.Task[Any] | None = None) -> Deadline:
+        """``async with timer.deadline():`` runs the body as active time and cancels it
+        (``task``: the current task, if the caller has it at hand) when the budget runs out.
 
-        Raises ``TimeoutError`` when the budget is exhausted (``Timeout.expired()``
+        Raises ``TimeoutError`` when the budget is exhausted (``Deadline.expired()``
         tells it apart from a ``TimeoutError`` raised by the body itself).
         """
-        async with asyncio.timeout(None) as tm:
-            self._timeout = tm
-            token = _CURRENT.set(self)
-            self.resume()
-            try:
-                yield tm
-            finally:
-                self.pause()
-                self._timeout = None
-                _CURRENT.reset(token)
+        return Deadline(self, task)
 
-    def _reschedule(self) -> None:
-        tm = self._timeout
-        if tm is None or tm.expired():
+
+_ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(4)
+
+
+class Deadline:
+    """A ``PausableTimer``'s budget around one stage: ``asyncio.Timeout``'s semantics
+    (the task is cancelled when the active time runs out, and ``TimeoutError`` raised at
+    the exit), rescheduled on every pause and resume.
+
+    The loop timer is armed one loop step after a resume, for the same absolute time: a
+    stage that ends without waiting (most stages of a load test) never allocates one.
+    """
+
+    __slots__ = ("_timer", "_task", "_cancelling", "_state", "_handle", "_arming", "_token")
+
+    def __init__(self, timer: PausableTimer, task: asyncio.Task[Any] | None = None) -> None:
+        self._timer = timer
+        self._task = task
+        self._cancelling = 0
+        self._state = _ENTERED
+        self._handle: asyncio.TimerHandle | None = None
+        self._arming = False
+        self._token: contextvars.Token[PausableTimer | None] | None = None
+
+    def expired(self) -> bool:
+        """Whether the budget ran out (the body was cancelled for it)."""
+        return self._state == _EXPIRING or self._state == _EXPIRED
+
+    def arm(self) -> None:
+        """The timer runs: cancel the body when its budget runs out (armed one loop step
+        later, for the time the budget runs out then: the same instant)."""
+        if self._state != _ENTERED or self._timer.budget is None:
             return
-        left = self.remaining()
-        if self._since is None or left is None:
-            tm.reschedule(None)
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if not self._arming:
+            self._arming = True
+            asyncio.get_running_loop().call_soon(self._arm)
+
+    def disarm(self) -> None:
+        """The timer is paused: no deadline until it runs again."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _arm(self) -> None:
+        self._arming = False
+        timer = self._timer
+        if self._state != _ENTERED or not timer.running or self._handle is not None:
+            return  # exited, paused again, or armed already
+        left = timer.remaining()
+        if left is None:
+            return
+        if left <= 0:
+            self._on_timeout()
         else:
-            tm.reschedule(asyncio.get_running_loop().time() + max(left, 0.0))
+            loop = asyncio.get_running_loop()
+            self._handle = loop.call_at(loop.time() + left, self._on_timeout)
+
+    def _on_timeout(self) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        self._state = _EXPIRING
+        self._handle = None
+
+    async def __aenter__(self) -> Deadline:
+        task = self._task or asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a Deadline must be entered inside a task")
+        self._task = task
+        self._cancelling = task.cancelling()
+        timer = self._timer
+        timer._timeout = self
+        self._token = _CURRENT.set(timer)
+        timer.resume()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        timer = self._timer
+        timer.pause()
+        timer._timeout = None
+        if self._token is not None:
+            _CURRENT.reset(self._token)
+            self._token = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._state == _EXPIRING:
+            self._state = _EXPIRED
+            assert self._task is not None
+            if self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+                raise TimeoutError from exc
+        elif self._state == _ENTERED:
+            self._state = _EXITED
