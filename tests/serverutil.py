@@ -9,6 +9,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from aiohttp import web
 
@@ -102,3 +103,35 @@ async def server_process(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+@asynccontextmanager
+async def forwarding_proxy(
+    target: str, seen: Callable[[web.Request], None] = lambda request: None
+) -> AsyncIterator[str]:
+    """TEST DOUBLE network: forwards every request to ``target`` and its answer back;
+    ``seen(request)`` runs once the answer is read (it may count the request, or cut
+    the connection so that the answer is lost after the server did the work)."""
+    async with aiohttp.ClientSession() as session:
+
+        async def handle(request: web.Request) -> web.Response:
+            headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+            async with session.request(
+                request.method, target + request.path_qs, data=await request.read(),
+                headers=headers,
+            ) as resp:  # fmt: skip
+                body, status = await resp.read(), resp.status
+                ctype = resp.headers.get("Content-Type", "application/json")
+            seen(request)
+            return web.Response(body=body, status=status, headers={"Content-Type": ctype})
+
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handle)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        try:
+            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
+        finally:
+            await runner.cleanup()

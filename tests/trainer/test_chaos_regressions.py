@@ -20,7 +20,7 @@ from prorl_async.trainer.retry import Backoff, classify_result
 from prorl_async.trainer.servers import QUARANTINE_AFTER, ServerPool, ServerState
 from prorl_async.trainer.staleness import Staleness
 from prorl_async.trainer.watchdog import cancel_on_servers
-from tests.serverutil import eventually, server_process
+from tests.serverutil import eventually, forwarding_proxy, server_process
 from tests.trainer.checks import check_accounting, check_group
 from tests.trainer.flaky import flaky_proxy
 from tests.trainer.harness import planted, rig
@@ -83,34 +83,17 @@ async def test_a_dead_engine_in_the_weights_keeps_a_recovering_server_out(
 async def losing_proxy(target: str, path: str, lose: int) -> AsyncIterator[str]:
     """TEST DOUBLE network: forwards to ``target``, but the answer to its ``lose``-th
     request to ``path`` is lost (the server did the work; the connection is cut)."""
-    seen = 0
-    async with aiohttp.ClientSession() as session:
+    count = 0
 
-        async def handle(request: web.Request) -> web.StreamResponse:
-            nonlocal seen
-            headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
-            async with session.request(
-                request.method, target + request.path_qs, data=await request.read(),
-                headers=headers,
-            ) as resp:  # fmt: skip
-                body, status = await resp.read(), resp.status
-                ctype = resp.headers.get("Content-Type", "application/json")
-            if request.path == path:
-                seen += 1
-                if seen == lose and request.transport is not None:
-                    request.transport.abort()
-            return web.Response(body=body, status=status, headers={"Content-Type": ctype})
+    def seen(request: web.Request) -> None:
+        nonlocal count
+        if request.path == path:
+            count += 1
+            if count == lose and request.transport is not None:
+                request.transport.abort()
 
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        try:
-            yield f"http://127.0.0.1:{runner.addresses[0][1]}"
-        finally:
-            await runner.cleanup()
+    async with forwarding_proxy(target, seen) as url:
+        yield url
 
 
 async def test_a_result_read_while_its_submission_waits_to_be_resent_is_kept(

@@ -6,12 +6,11 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from prorl_async.trainer import RolloutManager, poller
-from tests.serverutil import ServerFactory, eventually
+from tests.serverutil import ServerFactory, eventually, forwarding_proxy
 
 
 def _sleeps(n: int, run_s: float) -> list[dict[str, object]]:
@@ -22,30 +21,12 @@ def _sleeps(n: int, run_s: float) -> list[dict[str, object]]:
 async def counting_proxy(target: str) -> AsyncIterator[tuple[str, Counter[str]]]:
     """A proxy that forwards everything and counts requests by method and path."""
     counts: Counter[str] = Counter()
-    async with aiohttp.ClientSession() as session:
 
-        async def handle(request: web.Request) -> web.Response:
-            counts[f"{request.method} {request.path}"] += 1
-            headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
-            async with session.request(
-                request.method, target + request.path_qs, data=await request.read(),
-                headers=headers,
-            ) as resp:  # fmt: skip
-                body, status = await resp.read(), resp.status
-                ctype = resp.headers.get("Content-Type", "application/json")
-            return web.Response(body=body, status=status, headers={"Content-Type": ctype})
+    def seen(request: web.Request) -> None:
+        counts[f"{request.method} {request.path}"] += 1
 
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handle)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            yield f"http://127.0.0.1:{port}", counts
-        finally:
-            await runner.cleanup()
+    async with forwarding_proxy(target, seen) as url:
+        yield url, counts
 
 
 async def test_results_come_by_cursor_with_no_per_id_poll(make_server: ServerFactory) -> None:
