@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import socket
 
 import msgspec
 from aiohttp import web
 
 from prorl_async.api.access import viewer
-from prorl_async.api.routes import SERVICE, json_response
+from prorl_async.api.routes import SERVICE, json_response, wait_param
 from prorl_async.core.completions import Completion, CompletionLog
 from prorl_async.core.errors import BadRequest, Gone, NotFound
 from prorl_async.notify.config import EventsConfig
@@ -63,17 +62,6 @@ def _int(request: web.Request, name: str, default: int | None, hi: int) -> int |
     return value
 
 
-def _wait(request: web.Request) -> float:
-    raw = request.query.get("wait", "0")
-    try:
-        wait = float(raw)
-    except ValueError:
-        wait = -1.0
-    if not math.isfinite(wait) or wait < 0:
-        raise BadRequest(f"wait: expected a finite number of seconds >= 0, got {raw!r}")
-    return wait
-
-
 def _cursor(cl: CompletionLog, tenant: str, after: int | None, default: int) -> int:
     """``after`` checked against retention (410), or ``default`` when not given."""
     if after is None:
@@ -98,7 +86,7 @@ async def results(request: web.Request) -> web.Response:
     cl = svc.store.log
     cursor = _cursor(cl, me, _int(request, "after", None, 2**62), cl.oldest(me) - 1)
     limit = _int(request, "limit", 100, MAX_LIMIT) or 0
-    wait = _wait(request)
+    wait = wait_param(request)
     entries = cl.after(me, cursor, limit)
     if not entries and limit and wait > 0:
         await cl.wait(me, cursor, min(wait, svc.config.max_wait_s))

@@ -108,6 +108,7 @@ def _service(request: web.Request) -> RolloutService:
 # For the route families in their own modules (api/weights.py, ...).
 decode_body = _decode
 json_response = _json
+wait_param = _wait_param
 
 
 # -- jobs ------------------------------------------------------------------------------------
