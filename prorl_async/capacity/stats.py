@@ -90,27 +90,12 @@ class StageStats:
         self.completions = RateMeter()
         self.arrivals = RateMeter()
         self.idle_sandbox_seconds = 0.0
-        # Jobs in the stage now: their active seconds so far, by a key of the caller's,
-        # and whether each is paused now (its timer stopped: waiting for a backend).
+        # Jobs in the stage now: their active seconds so far, by a key of the caller's.
         self._running: dict[object, Callable[[], float]] = {}
-        self._paused: dict[object, Callable[[], bool]] = {}
-        # Jobs in the stage whose timer is paused now, kept by the timers themselves
-        # (``enter``): ``paused()`` is asked at every INIT admission, with hundreds of
-        # jobs in RUN.
+        # Jobs in the stage whose timer is paused now (waiting for a backend), kept by the
+        # timers themselves (``enter``): ``paused()`` is asked at every INIT admission,
+        # with hundreds of jobs in RUN.
         self._paused_now = 0
-
-    def started(
-        self,
-        key: object,
-        active_so_far: Callable[[], float],
-        paused: Callable[[], bool] = lambda: False,
-    ) -> None:
-        self._running[key] = active_so_far
-        self._paused[key] = paused
-
-    def ended(self, key: object) -> None:
-        self._running.pop(key, None)
-        self._paused.pop(key, None)
 
     def enter(self, key: object, timer: PausableTimer) -> None:
         """A job entered the stage with ``timer`` (its active time from here on counts)."""
@@ -131,7 +116,7 @@ class StageStats:
 
     def paused(self) -> int:
         """How many jobs in the stage are paused now (e.g. waiting for an LLM backend)."""
-        return self._paused_now + sum(1 for is_paused in self._paused.values() if is_paused())
+        return self._paused_now
 
     def running_age(self) -> float | None:
         """Median active seconds so far of the jobs in the stage (``None``: none).

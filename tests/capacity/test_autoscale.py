@@ -16,6 +16,7 @@ from prorl_async.core.pipeline import Pipeline
 from prorl_async.store import MemoryJobStore
 from tests.capacity.budgeted import BudgetedHandler
 from tests.capacity.test_budget import scrape
+from tests.capacity.timers import entered
 from tests.serverutil import ServerFactory
 
 
@@ -63,14 +64,14 @@ def test_run_is_capped_at_what_the_backends_serve() -> None:
     scaler = Autoscaler(pipe, lambda: SandboxBudget(100), AutoscaleConfig())
     pipe.stats["run"].finished(4.0, 1.0)  # 3 of every 4 seconds waiting for a backend
     pipe.active[Stage.RUN] = 8
-    waiting = {key: True for key in range(6)}  # 6 of the 8 wait for a backend now
-    for key in range(8):
-        pipe.stats["run"].started(key, lambda: 0.5, lambda key=key: waiting.get(key, False))
+    # 6 of the 8 wait for a backend now
+    timers = [entered(pipe.stats["run"], key, active=0.5, paused=key < 6) for key in range(8)]
     assert pipe.stats["run"].paused() == 6
     assert scaler.desired("run", 50.0) == 8 - 6 + 1  # the 2 decoding, plus one
     # The ratio above is history (e.g. the start, more jobs than decoding slots): with
     # no RUN job waiting for a backend now, the backends are not what bounds RUN.
-    waiting.clear()
+    for timer in timers[:6]:
+        timer.resume()
     assert scaler.desired("run", 50.0) == 51
     pipe.stats["run"] = type(pipe.stats["run"])()
     pipe.stats["run"].finished(1.0, 1.0)  # no backend wait: Little's law alone
@@ -188,14 +189,13 @@ def test_jobs_getting_longer_show_before_they_finish() -> None:
     for _ in range(100):
         st.finished(0.02, 0.02)
     assert scaler.desired("eval", 10.0) == 2
-    for key in range(4):
-        st.started(key, lambda: 2.0)
+    timers = {key: entered(st, key, active=2.0) for key in range(4)}
     assert scaler.service_time("eval") == 2.0
     assert scaler.desired("eval", 10.0) == math.ceil(10 * 2.0) + 1
-    st.started("straggler", lambda: 500.0)  # the median ignores one straggler
+    timers["straggler"] = entered(st, "straggler", active=500.0)  # the median ignores it
     assert scaler.service_time("eval") == 2.0
-    for key in [*range(4), "straggler"]:
-        st.ended(key)
+    for key, timer in timers.items():
+        st.leave(key, timer)
     assert scaler.service_time("eval") == st.active.value
 
 

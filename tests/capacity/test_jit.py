@@ -19,6 +19,8 @@ from prorl_async.capacity.stats import Pulse, StageStats
 from prorl_async.core.pipeline import Pipeline
 from prorl_async.schemas import Stage
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
+from prorl_async.util.timer import PausableTimer
+from tests.capacity.timers import entered
 from tests.handlers.policies import require_bwrap
 from tests.serverutil import ServerFactory
 
@@ -167,20 +169,21 @@ def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
     gate, stats = _gate(busy, run_workers=64)
     stats["run"].finished(2.0, 1.0)  # RUN: 1 s active (2 s wall); INIT: 0.1 s active
     stats["init"].finished(0.1, 0.1)
-    waiting = dict.fromkeys(range(4), False)
-    for key in waiting:
-        stats["run"].started(key, lambda: 0.5, lambda key=key: waiting[key])
+    timers: dict[int, PausableTimer] = {
+        key: entered(stats["run"], key, active=0.5) for key in range(4)
+    }
     # Little's law on the 4 RUN jobs making progress: 4 jobs/s, 0.1 s of INIT ahead.
     assert gate.target() == math.ceil(4 / 1.0 * 0.1) + 1 == 2
     busy["init"] = 59 + gate.target()  # 60 free RUN workers + the target, minus one
     assert gate.open()
-    waiting[0] = waiting[1] = True  # two RUN jobs wait for a backend now
+    timers[0].pause()  # two RUN jobs wait for a backend now
+    timers[1].pause()
     # Backend-bound: RUN's measured completions (1 so far) set the pace.
     assert gate.target() == math.ceil(stats["run"].completions.rate() * 0.1) + 1 == 2
     assert not gate.open()
     busy["init"] = 0  # the two waiting count as RUN's queue, at the target already
     assert not gate.open()
-    waiting[1] = False
+    timers[1].resume()
     assert gate.open()
     # Served while others waited: 4 busy - 1 waiting (it was 4 - 2 a moment before).
     assert gate.backend_slots == 3
@@ -188,10 +191,9 @@ def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
     # A wave of RUN jobs ends at once: 1 left, none waiting, 63 RUN workers free. INIT
     # refills only up to the backends' 3 slots (+ 1 to probe for more), plus the target.
     for key in (1, 2, 3):
-        stats["run"].ended(key)
+        stats["run"].leave(key, timers[key])
     busy["run"] = 1
-    waiting.clear()
-    waiting[0] = False
+    timers[0].resume()
     target = gate.target()
     busy["init"] = (3 + 1 - 1) + target - 1
     assert gate.open()
@@ -199,13 +201,13 @@ def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
     assert not gate.open()
     # More served at once than seen, none waiting: the backends grew; so does the estimate.
     for key in (4, 5, 6, 7):
-        stats["run"].started(key, lambda: 0.1, lambda: False)
+        timers[key] = entered(stats["run"], key, active=0.1)
     busy["run"] = 5
     assert not gate.open() and gate.backend_slots == 5
     # A checkpoint swap: no backend, every RUN job waits, none served. That says nothing
     # of the backends' capacity: the estimate stays.
     for key in (0, 4, 5, 6, 7):
-        stats["run"].started(key, lambda: 0.1, lambda: True)
+        timers[key].pause()
     assert not gate.open() and gate.backend_slots == 5
 
 
@@ -215,16 +217,15 @@ def test_a_slot_goes_to_init_only_while_runs_backlog_is_short() -> None:
     busy = {"init": 3, "run": 2, "eval": 0}
     # RUN full: only the target (1 before RUN finished) is room.
     gate, stats = _gate(busy, run_workers=2)
-    paused = {0: True, 1: True, 2: False}  # two INIT jobs wait for a slot, one prepares
-    for key in paused:
-        stats["init"].started(key, lambda: 0.0, lambda key=key: paused[key])
+    # two INIT jobs wait for a slot, one prepares
+    timers = {key: entered(stats["init"], key, paused=key < 2) for key in range(3)}
     assert gate.target() == 1
     assert not gate.open()  # three in INIT already
     assert not gate.slot_open()  # the one preparing fills the target
-    paused[2] = True  # it waits too now: nobody prepares
+    timers[2].pause()  # it waits too now: nobody prepares
     assert gate.slot_open()
     gate.enabled = False
-    paused[2] = False
+    timers[2].resume()
     assert gate.slot_open()
 
 
