@@ -88,6 +88,9 @@ def bind_problem(host: str, port: int, exc: OSError) -> str:
     return f"cannot bind {host}:{port} ({exc.strerror}): give --host an address of this machine"
 
 
+_SWITCH_INTERVAL_S = 0.0005
+
+
 def _tune_interpreter() -> None:
     # Thousands of live job records make full collections the main source of tail
     # latency; collect young objects less often and keep start-up objects out of it.
@@ -97,4 +100,4 @@ def _tune_interpreter() -> None:
     # The job store's writer thread needs the interpreter lock for a moment after each
     # commit's fsync; with the loop busy it waits a whole switch interval for it (5 ms by
     # default), and every submit waits for that commit.
-    sys.setswitchinterval(float(os.environ.get("PRORL_SWITCH_INTERVAL", "0.0005")))
+    sys.setswitchinterval(_SWITCH_INTERVAL_S)
