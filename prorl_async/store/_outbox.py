@@ -17,8 +17,9 @@ from typing import Any, Protocol, TypeVar, cast
 from prorl_async.notify.gate import host_of
 from prorl_async.notify.sender import RESULT_GONE, Delivery
 from prorl_async.schemas import CallbackInfo
+from prorl_async.store._writer import RowKind
 
-__all__ = ["OUTBOX_SCHEMA", "SqliteOutbox"]
+__all__ = ["FORGET_ROWS", "OUTBOX_SCHEMA", "SqliteOutbox"]
 
 T = TypeVar("T")
 
@@ -45,6 +46,14 @@ _RETIME = "UPDATE outbox SET next_at = ? WHERE state = 'pending' AND host = ?"
 _SETTLE = "UPDATE outbox SET state = ?, attempts = ?, next_at = ?, last_error = ? WHERE job_id = ?"
 _DROP = "DELETE FROM outbox WHERE job_id = ?"
 _FORGET = "DELETE FROM outbox WHERE job_id = ? AND state != 'pending'"
+# Every expired result forgets its delivery (most have none): many in one statement.
+FORGET_ROWS = RowKind(
+    _FORGET,
+    lambda n: (
+        "DELETE FROM outbox WHERE job_id IN (" + ", ".join("?" * n) + ") AND state != 'pending'"
+    ),
+    key=0,
+)
 _DUE = (
     "SELECT job_id, url, attempts, created_at, next_at FROM outbox "
     "WHERE state = 'pending' ORDER BY next_at LIMIT ?"
@@ -55,6 +64,7 @@ _INFO = "SELECT url, state, attempts, last_error, next_at FROM outbox WHERE job_
 class _Store(Protocol):
     """What the outbox uses of ``SqliteJobStore``."""
 
+    def write(self, sql: str, params: tuple[Any, ...]) -> None: ...
     def write_then(self, sql: str, params: tuple[Any, ...], done: Callable[[], None]) -> None: ...
     def query(self, fn: Callable[[sqlite3.Connection], T]) -> Awaitable[T]: ...
     async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]: ...
@@ -88,7 +98,7 @@ class SqliteOutbox:
 
     def forget(self, job_id: str) -> None:
         """The job's row went (deleted, expired): its settled delivery goes too."""
-        self._store.write_then(_FORGET, (job_id,), _nothing)
+        self._store.write(_FORGET, (job_id,))
 
     def _write(self, sql: str, params: tuple[Any, ...], job_id: str) -> None:
         self._unsettled[job_id] += 1
@@ -144,7 +154,3 @@ class SqliteOutbox:
 
     def counts(self) -> dict[str, int]:
         return {"pending": self._pending}
-
-
-def _nothing() -> None:
-    pass

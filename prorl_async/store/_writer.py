@@ -7,11 +7,15 @@ back to the loop in one call, which resolves each batch's future and runs the
 callbacks registered for after its commit. ``sync()`` waits for the batch holding
 every statement issued so far: an HTTP answer sent after it is backed by the disk.
 
-Two things keep the thread's share of the interpreter lock small (the loop needs it
-to serve requests): runs of consecutive rows of one kind (``RowKind``: job accepted,
-job finished) are written by one multi-row statement each instead of one statement
-per row, and a statement that only keeps a high-water mark (``write_last``) is run
-once per transaction with its latest parameters.
+The thread gives up the interpreter lock around every SQLite call, and while the loop
+is busy, taking it back costs up to a switch interval each time: what a commit costs
+the submits waiting on it is mostly the number of statements it runs, not their size.
+So the rows of each kind (``RowKind``: job accepted, job finished, result expired) are
+gathered across the transaction and written by one statement of exactly that many rows
+(up to 256 a statement), moved past rows of other kinds only where no id of theirs is
+in between (any other statement is a barrier); and a statement that only keeps a
+high-water mark (``write_last``) is run once per transaction with its latest
+parameters. A commit of a few hundred results and submits is about six statements.
 """
 
 from __future__ import annotations
@@ -29,24 +33,33 @@ __all__ = ["RowKind", "Writer"]
 log = logging.getLogger(__name__)
 
 Statement = tuple[str, tuple[Any, ...]]
-# Rows per multi-row statement: a run is cut into these sizes, so each kind prepares at
-# most this many distinct statements (the connection's statement cache keeps them).
-_CHUNKS = (256, 64, 16, 4, 1)
+# Rows per multi-row statement at most: 256 rows of 6 parameters stay far below SQLite's
+# limit of 32,766 (999 before 3.32, where there is no multi-row form).
+_MAX_ROWS = 256
+# Each kind prepares one statement per row count: room for all of them in the
+# connection's statement cache, so none is parsed twice.
+STATEMENT_CACHE = 4 * _MAX_ROWS
 
 
 class RowKind:
     """A one-row statement that may be written for many rows at once: ``sql`` is what
     ``Writer.write`` is given, ``many(n)`` the same for ``n`` rows (parameters of the
-    rows one after the other), ``key`` the index of the row's id in its parameters (a
-    run never holds one id twice, so the multi-row form changes nothing)."""
+    rows one after the other), ``key`` the index of the row's id in its parameters.
+    Rows of one kind for distinct ids commute (each touches only its own id)."""
 
     def __init__(self, sql: str, many: Callable[[int], str] | None, key: int) -> None:
         self.sql = sql
         self.key = key
-        self._many = {} if many is None else {n: many(n) for n in _CHUNKS}
+        self._make = many
+        self._many: dict[int, str] = {}
 
     def many(self, n: int) -> str | None:
-        return self._many.get(n)
+        if self._make is None or not 1 < n <= _MAX_ROWS:
+            return None
+        sql = self._many.get(n)
+        if sql is None:
+            sql = self._many[n] = self._make(n)
+        return sql
 
 
 class _Batch:
@@ -74,6 +87,7 @@ class Writer:
         self._conn = conn
         self._loop = loop
         self._kinds = {kind.sql: kind for kind in kinds}
+        self._order = {kind: i for i, kind in enumerate(kinds)}
         self._queue: queue.SimpleQueue[tuple[_Batch, dict[str, Statement]] | None] = (
             queue.SimpleQueue()
         )
@@ -169,46 +183,54 @@ class Writer:
                 self._execute(statements)
                 for sql, params in last.values():
                     self._conn.execute(sql, params)
-        except sqlite3.Error as exc:
-            log.error("job store commit of %d batches failed: %s", len(taken), exc)
+        except Exception as exc:  # not only sqlite3.Error: the thread must answer every batch
+            log.error("job store commit of %d batches failed: %r", len(taken), exc)
             error = exc
         self._loop.call_soon_threadsafe(_resolve, [batch for batch, _ in taken], error)
 
     def _execute(self, statements: list[Statement]) -> None:
-        execute, i, n = self._conn.execute, 0, len(statements)
-        while i < n:
-            sql, params = statements[i]
+        # The rows of each kind since the last barrier, in the kinds' order; ``seen`` has
+        # the latest kind (its position) each id has a row of. A row may join its kind's
+        # rows only if its id has none of the same or a later kind pending (those would
+        # run before it); else what is pending is written first.
+        order = self._order
+        pending: dict[RowKind, list[tuple[Any, ...]]] = {}
+        seen: dict[Any, int] = {}
+        for sql, params in statements:
             kind = self._kinds.get(sql)
-            if kind is None:
-                execute(sql, params)
-                i += 1
+            if kind is None:  # a barrier
+                if pending:
+                    self._flush(pending)
+                    pending, seen = {}, {}
+                self._conn.execute(sql, params)
                 continue
-            # A run of rows of one kind, each id once: as few multi-row statements as can be.
-            ids = {params[kind.key]}
-            end = i + 1
-            while end < n and statements[end][0] == sql:
-                key = statements[end][1][kind.key]
-                if key in ids:
-                    break
-                ids.add(key)
-                end += 1
-            self._rows(kind, [p for _, p in statements[i:end]])
-            i = end
+            at, key = order[kind], params[kind.key]
+            if seen.get(key, -1) >= at:
+                self._flush(pending)
+                pending, seen = {}, {}
+            seen[key] = at
+            rows = pending.get(kind)
+            if rows is None:
+                rows = pending[kind] = []
+            rows.append(params)
+        if pending:
+            self._flush(pending)
+
+    def _flush(self, pending: dict[RowKind, list[tuple[Any, ...]]]) -> None:
+        for kind in sorted(pending, key=self._order.__getitem__):
+            self._rows(kind, pending[kind])
 
     def _rows(self, kind: RowKind, rows: list[tuple[Any, ...]]) -> None:
-        if kind.many(1) is None:  # no multi-row form: one executemany for the run
+        if kind.many(2) is None:  # no multi-row form: one executemany for the run
             self._conn.executemany(kind.sql, rows)
             return
-        at = 0
-        for size in _CHUNKS:
-            while len(rows) - at >= size:
-                chunk = rows[at : at + size]
-                sql = kind.many(size) if size > 1 else None
-                if sql is None:
-                    self._conn.execute(kind.sql, chunk[0])
-                else:
-                    self._conn.execute(sql, [v for row in chunk for v in row])
-                at += size
+        for at in range(0, len(rows), _MAX_ROWS):
+            chunk = rows[at : at + _MAX_ROWS]
+            sql = kind.many(len(chunk))
+            if sql is None:
+                self._conn.execute(kind.sql, chunk[0])
+            else:
+                self._conn.execute(sql, [v for row in chunk for v in row])
 
 
 def _resolve(batches: list[_Batch], error: BaseException | None) -> None:

@@ -26,9 +26,9 @@ from prorl_async.core.completions import CompletionLog
 from prorl_async.core.job import Job
 from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
 from prorl_async.store import _completions
-from prorl_async.store._outbox import SqliteOutbox
+from prorl_async.store._outbox import FORGET_ROWS, SqliteOutbox
 from prorl_async.store._tombstones import Tombstones
-from prorl_async.store._writer import RowKind, Writer
+from prorl_async.store._writer import STATEMENT_CACHE, RowKind, Writer
 
 __all__ = ["StoreError", "SqliteJobStore"]
 
@@ -53,6 +53,8 @@ _ACCEPT = (
     "VALUES (?, ?, 'accepted', ?, NULL, NULL, ?)"
 )
 _FINISH = "UPDATE jobs SET status = ?, result = ?, expires_at = ?, seq = ?, reward = ? WHERE id = ?"
+_DELETE = "DELETE FROM jobs WHERE id = ?"
+_EXPIRE = "DELETE FROM jobs WHERE id = ? AND status != 'accepted'"
 # The same for many rows in one statement each (the writer's multi-row form). An old
 # system SQLite (before 3.33: no UPDATE ... FROM, and before 3.32 at most 999 parameters
 # a statement) writes one row at a time instead.
@@ -85,9 +87,15 @@ _ROWS = (
         ),
         key=5,
     ),
+    # Results past retention: one DELETE ... IN (...) (fine on any SQLite) per run.
+    RowKind(
+        _EXPIRE,
+        lambda n: (
+            "DELETE FROM jobs WHERE id IN (" + ", ".join("?" * n) + ") AND status != 'accepted'"
+        ),
+        key=0,
+    ),
 )
-_DELETE = "DELETE FROM jobs WHERE id = ?"
-_EXPIRE = "DELETE FROM jobs WHERE id = ? AND status != 'accepted'"
 _TOMBSTONE = "INSERT OR REPLACE INTO tombstones(id, expires_at) VALUES (?, ?)"
 _UNTOMB = "DELETE FROM tombstones WHERE id = ?"
 
@@ -160,7 +168,7 @@ class SqliteJobStore:
                 "move it away or start with --reset-state to set it aside"
             ) from None
         self._reader = reader
-        self._writer = Writer(writer, asyncio.get_running_loop(), _ROWS)
+        self._writer = Writer(writer, asyncio.get_running_loop(), (*_ROWS, FORGET_ROWS))
         return unfinished
 
     def _load(self, conn: sqlite3.Connection) -> list[UnfinishedRecord]:
@@ -352,6 +360,10 @@ class SqliteJobStore:
             raise RuntimeError(f"job store {self.path} is not open")
         self._writer.write(sql, params)
 
+    def write(self, sql: str, params: tuple[Any, ...]) -> None:
+        """Queue one statement; it is committed with the others queued in this loop step."""
+        self._write(sql, params)
+
     def write_then(self, sql: str, params: tuple[Any, ...], done: Callable[[], None]) -> None:
         """Queue one statement; call ``done`` on the loop once its transaction committed."""
         self._write(sql, params)
@@ -415,7 +427,7 @@ def _read_results(conn: sqlite3.Connection, job_ids: list[str]) -> dict[str, byt
 
 
 def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, check_same_thread=False)
+    conn = sqlite3.connect(path, check_same_thread=False, cached_statements=STATEMENT_CACHE)
     conn.execute("PRAGMA journal_mode=WAL")
     # FULL: a commit is on disk before the client is answered (group commit pays for it).
     conn.execute("PRAGMA synchronous=FULL")

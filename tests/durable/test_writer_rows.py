@@ -1,5 +1,6 @@
-"""The job store's writer: runs of rows written as multi-row statements leave the same
-table as one statement per row, whatever the run lengths, repeats and interleavings."""
+"""The job store's writer: rows gathered by kind across a transaction and written as
+multi-row statements leave the same tables as one statement per row in the order given,
+whatever the run lengths, repeats, interleavings and statements in between."""
 
 from __future__ import annotations
 
@@ -27,38 +28,76 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _schedule(seed: int) -> list[list[tuple[str, Row]]]:
-    """Batches of accepts and finishes: runs of 1..300 rows, an id finished twice in one
-    batch now and then, finishes of ids never accepted (an UPDATE of nothing)."""
+    """Batches of accepts, finishes and expiries, in runs of 1..300 rows or interleaved
+    row by row: an id finished twice in one batch now and then, finishes of ids never
+    accepted (an UPDATE of nothing), ids accepted again after they finished or expired
+    (the same id later in a batch, under a kind written earlier), expiries of unfinished
+    ids (which must keep them), and other statements (tombstones, deletes) in between."""
     rng = random.Random(seed)
     batches: list[list[tuple[str, Row]]] = []
     accepted: list[str] = []
     n = 0
-    for _ in range(12):
+
+    def accept() -> tuple[str, Row]:
+        nonlocal n
+        if accepted and rng.random() < 0.05:
+            job_id = rng.choice(accepted)  # again: INSERT OR REPLACE resets it
+        else:
+            job_id = f"j{n}"
+            n += 1
+            accepted.append(job_id)
+        return store_sqlite._ACCEPT, (job_id, b"req", rng.randint(0, 2), "t")
+
+    def finish() -> tuple[str, Row]:
+        nonlocal n
+        job_id = rng.choice(accepted) if rng.random() < 0.95 else "never"
+        seq = n
+        n += 1
+        body = rng.randbytes(rng.randint(0, 64))
+        status = rng.choice(("done", "failed", "cancelled"))
+        reward = rng.choice((None, 0.0, 1.0))
+        return store_sqlite._FINISH, (status, body, 100.0 + seq, seq, reward, job_id)
+
+    def expire() -> tuple[str, Row]:
+        return store_sqlite._EXPIRE, (rng.choice(accepted),)
+
+    def other() -> tuple[str, Row]:
+        if rng.random() < 0.5:
+            return store_sqlite._TOMBSTONE, (rng.choice(accepted), 1.0)
+        return store_sqlite._DELETE, (rng.choice(accepted),)
+
+    for _ in range(16):
         batch: list[tuple[str, Row]] = []
         for _ in range(rng.randint(1, 6)):
-            if rng.random() < 0.5 or not accepted:
-                for _ in range(rng.choice((1, 3, 4, 17, 64, 65, 256, 300))):
-                    job_id = f"j{n}"
-                    n += 1
-                    accepted.append(job_id)
-                    batch.append((store_sqlite._ACCEPT, (job_id, b"req", 0, "t")))
-            else:
-                for _ in range(rng.choice((1, 2, 16, 63, 257))):
-                    job_id = rng.choice(accepted) if rng.random() < 0.95 else "never"
-                    seq = n
-                    n += 1
-                    body = rng.randbytes(rng.randint(0, 64))
-                    status = rng.choice(("done", "failed", "cancelled"))
-                    reward = rng.choice((None, 0.0, 1.0))
-                    params = (status, body, 100.0 + seq, seq, reward, job_id)
-                    batch.append((store_sqlite._FINISH, params))
+            r = rng.random()
+            if r < 0.35 or not accepted:
+                batch += [accept() for _ in range(rng.choice((1, 3, 4, 17, 64, 65, 256, 300)))]
+            elif r < 0.6:
+                batch += [finish() for _ in range(rng.choice((1, 2, 16, 63, 257)))]
+            elif r < 0.7:
+                batch += [expire() for _ in range(rng.choice((1, 5, 40)))]
+            elif r < 0.75:
+                batch.append(other())
+            else:  # the kinds interleaved, row by row
+                make = (accept, accept, finish, finish, expire, other)
+                batch += [rng.choice(make)() for _ in range(rng.randint(10, 400))]
         batches.append(batch)
     return batches
 
 
+def _tables(path: Path) -> tuple[list[Row], list[Row]]:
+    reader = sqlite3.connect(path)
+    try:
+        jobs = reader.execute("SELECT * FROM jobs ORDER BY id").fetchall()
+        tombs = reader.execute("SELECT * FROM tombstones ORDER BY id").fetchall()
+        return jobs, tombs
+    finally:
+        reader.close()
+
+
 async def _write(
     path: Path, kinds: tuple[RowKind, ...], batches: list[list[tuple[str, Row]]]
-) -> list[Row]:
+) -> tuple[list[Row], list[Row]]:
     conn = _connect(path)
     writer = Writer(conn, asyncio.get_running_loop(), kinds)
     try:
@@ -68,14 +107,10 @@ async def _write(
             await writer.sync()
     finally:
         await writer.aclose()
-    reader = sqlite3.connect(path)
-    try:
-        return reader.execute("SELECT * FROM jobs ORDER BY id").fetchall()
-    finally:
-        reader.close()
+    return _tables(path)
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 async def test_multi_row_statements_write_what_one_row_statements_write(
     tmp_path: Path, seed: int
 ) -> None:
@@ -84,14 +119,40 @@ async def test_multi_row_statements_write_what_one_row_statements_write(
     batches = _schedule(seed)
     one_row = await _write(tmp_path / "one.sqlite3", (), batches)
     multi = await _write(tmp_path / "multi.sqlite3", store_sqlite._ROWS, batches)
-    assert len(one_row) > 100
-    assert any(row[2] != "accepted" for row in one_row)
+    jobs, tombs = one_row
+    assert len(jobs) > 100 and tombs
+    assert any(row[2] != "accepted" for row in jobs)
+    assert any(row[2] == "accepted" for row in jobs)
     assert multi == one_row
 
 
 async def test_without_a_multi_row_form_a_run_is_written_row_by_row(tmp_path: Path) -> None:
     """What an old system SQLite gets (``many`` None): the same table."""
-    kinds = (RowKind(store_sqlite._ACCEPT, None, 0), RowKind(store_sqlite._FINISH, None, 5))
+    kinds = (
+        RowKind(store_sqlite._ACCEPT, None, 0),
+        RowKind(store_sqlite._FINISH, None, 5),
+        store_sqlite._ROWS[2],  # DELETE ... IN needs nothing new
+    )
     batches = _schedule(7)
     one_row = await _write(tmp_path / "one.sqlite3", (), batches)
     assert await _write(tmp_path / "old.sqlite3", kinds, batches) == one_row
+
+
+async def test_an_error_that_is_not_sqlites_fails_the_batch_and_the_next_one_commits(
+    tmp_path: Path,
+) -> None:
+    """Whatever goes wrong in the writer thread, every waiter is answered (no hang) and
+    the thread lives on."""
+    broken = RowKind(store_sqlite._ACCEPT, None, key=9)  # no parameter 9: IndexError
+    conn = _connect(tmp_path / "jobs.sqlite3")
+    writer = Writer(conn, asyncio.get_running_loop(), (broken,))
+    try:
+        writer.write(store_sqlite._ACCEPT, ("j1", b"req", 0, "t"))
+        with pytest.raises(IndexError):
+            await writer.sync()
+        writer.write(store_sqlite._TOMBSTONE, ("j1", 1.0))
+        await writer.sync()
+    finally:
+        await writer.aclose()
+    jobs, tombs = _tables(tmp_path / "jobs.sqlite3")
+    assert jobs == [] and tombs == [("j1", 1.0)]
