@@ -14,19 +14,46 @@ from pathlib import Path
 _ROOT = str(Path(__file__).resolve().parents[1])  # bench/ is a package of the checkout
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (the durable store's writer process among them)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            continue  # gone meanwhile
+    return out
+
+
 def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
+    """Resident memory of the server and its descendants (shared pages counted twice)."""
+    total = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process ``pid`` so far (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time so far of the server and its descendants (all threads)."""
+    ticks = 0
+    for p in _tree(pid):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def open_fds(pid: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any, Protocol, TypeVar, cast
 from prorl_async.notify.gate import host_of
 from prorl_async.notify.sender import RESULT_GONE, Delivery
 from prorl_async.schemas import CallbackInfo
-from prorl_async.store._writer import RowKind
+from prorl_async.store._commit import RowKind
 
 __all__ = ["FORGET_ROWS", "OUTBOX_SCHEMA", "SqliteOutbox"]
 
@@ -48,11 +48,7 @@ _DROP = "DELETE FROM outbox WHERE job_id = ?"
 _FORGET = "DELETE FROM outbox WHERE job_id = ? AND state != 'pending'"
 # Every expired result forgets its delivery (most have none): many in one statement.
 FORGET_ROWS = RowKind(
-    _FORGET,
-    lambda n: (
-        "DELETE FROM outbox WHERE job_id IN (" + ", ".join("?" * n) + ") AND state != 'pending'"
-    ),
-    key=0,
+    _FORGET, 0, ("DELETE FROM outbox WHERE job_id IN (", "?", ") AND state != 'pending'")
 )
 _DUE = (
     "SELECT job_id, url, attempts, created_at, next_at FROM outbox "

@@ -1,69 +1,50 @@
-"""One writer thread with group commit, so the event loop never waits for an fsync.
+"""Group commit by a writer process, so the event loop never waits for SQLite or an fsync.
 
-The loop appends statements to the current batch; the batch is handed to the thread
-at the end of the loop iteration. The thread takes every batch waiting, runs them in
-one transaction and commits once (one fsync for all of them), then hands the batches
-back to the loop in one call, which resolves each batch's future and runs the
-callbacks registered for after its commit. ``sync()`` waits for the batch holding
-every statement issued so far: an HTTP answer sent after it is backed by the disk.
+The loop appends statements to the current batch; at the end of the loop iteration the
+batch is sent down a pipe to the writer process (``_commit.py``), which commits every
+batch that has arrived in one transaction (one fsync) and answers with the number of
+the last one. The loop then resolves each batch's waiters and runs the callbacks
+registered for after its commit. ``sync()`` waits for the batch holding every statement
+issued so far: an HTTP answer sent after it is backed by the disk.
 
-The thread gives up the interpreter lock around every SQLite call, and while the loop
-is busy, taking it back costs up to a switch interval each time: what a commit costs
-the submits waiting on it is mostly the number of statements it runs, not their size.
-So the rows of each kind (``RowKind``: job accepted, job finished, result expired) are
-gathered across the transaction and written by one statement of exactly that many rows
-(up to 256 a statement), moved past rows of other kinds only where no id of theirs is
-in between (any other statement is a barrier); and a statement that only keeps a
-high-water mark (``write_last``) is run once per transaction with its latest
-parameters. A commit of a few hundred results and submits is about six statements.
+A process, not a thread: see ``_commit.py`` (the ``sqlite3`` module's hand-backs of the
+interpreter lock stalled the loop). The process belongs to the ``Writer``: ``aclose``
+commits what is queued and reaps it; if the server dies, the writer reads the end of
+its input, commits the batches that arrived whole, and exits. If the writer dies, every
+batch not yet answered and every later write fail with ``StoreWriteError``: nothing
+waits for an answer that cannot come.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
-import sqlite3
-import threading
+import os
+import subprocess
+import sys
+from collections import deque
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-__all__ = ["RowKind", "Writer"]
+from prorl_async.store import _commit
+from prorl_async.store._commit import STATEMENT_CACHE, RowKind, frame, frames
+
+__all__ = ["STATEMENT_CACHE", "RowKind", "StoreWriteError", "Writer"]
 
 log = logging.getLogger(__name__)
 
 Statement = tuple[str, tuple[Any, ...]]
-# Rows per multi-row statement at most: 256 rows of 6 parameters stay far below SQLite's
-# limit of 32,766 (999 before 3.32, where there is no multi-row form).
-_MAX_ROWS = 256
-# Each kind prepares one statement per row count: room for all of them in the
-# connection's statement cache, so none is parsed twice.
-STATEMENT_CACHE = 4 * _MAX_ROWS
+# How long ``aclose`` waits for the writer to commit what is queued and exit.
+_CLOSE_S = 60.0
 
 
-class RowKind:
-    """A one-row statement that may be written for many rows at once: ``sql`` is what
-    ``Writer.write`` is given, ``many(n)`` the same for ``n`` rows (parameters of the
-    rows one after the other), ``key`` the index of the row's id in its parameters.
-    Rows of one kind for distinct ids commute (each touches only its own id)."""
-
-    def __init__(self, sql: str, many: Callable[[int], str] | None, key: int) -> None:
-        self.sql = sql
-        self.key = key
-        self._make = many
-        self._many: dict[int, str] = {}
-
-    def many(self, n: int) -> str | None:
-        if self._make is None or not 1 < n <= _MAX_ROWS:
-            return None
-        sql = self._many.get(n)
-        if sql is None:
-            sql = self._many[n] = self._make(n)
-        return sql
+class StoreWriteError(RuntimeError):
+    """A commit failed, or the writer process is gone; the message says which."""
 
 
 class _Batch:
-    __slots__ = ("statements", "waiters", "after", "done", "error")
+    __slots__ = ("statements", "waiters", "after", "done", "error", "number")
 
     def __init__(self) -> None:
         self.statements: list[Statement] = []
@@ -73,34 +54,57 @@ class _Batch:
         self.error: BaseException | None = None
         # (callback, always): called on the loop after the commit (always: even if it failed)
         self.after: list[tuple[Callable[[bool], None], bool]] = []
+        self.number = 0
 
 
 class Writer:
-    """Owns the write connection and its thread; ``aclose`` commits what is queued."""
+    """Owns the writer process; ``aclose`` commits what is queued and reaps it."""
 
     def __init__(
         self,
-        conn: sqlite3.Connection,
+        path: str | Path,
         loop: asyncio.AbstractEventLoop,
         kinds: Sequence[RowKind] = (),
     ) -> None:
-        self._conn = conn
         self._loop = loop
-        self._kinds = {kind.sql: kind for kind in kinds}
-        self._order = {kind: i for i, kind in enumerate(kinds)}
-        self._queue: queue.SimpleQueue[tuple[_Batch, dict[str, Statement]] | None] = (
-            queue.SimpleQueue()
-        )
         self._batch: _Batch | None = None
         self._last: dict[str, Statement] = {}
-        self._handed: _Batch | None = None  # the last batch handed to the thread
+        self._sent: deque[_Batch] = deque()  # sent, not yet answered, in order
+        self._handed: _Batch | None = None  # the last batch sent
+        self._number = 0
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="jobstore-writer", daemon=True)
-        self._thread.start()
+        self._broken: StoreWriteError | None = None
+        self._out = bytearray()  # not yet taken by the pipe
+        self._in = bytearray()
+        self._drained: asyncio.Future[None] | None = None  # set once _out is empty
+        self._eof: asyncio.Future[None] = loop.create_future()
+        script = Path(_commit.__file__)
+        # -I -S: no site-packages, no environment: standard library only, a fast start.
+        self._proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", str(script), str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            # Not the server's stderr: after a kill -9 of the server the writer lives on
+            # for its last commit, and whoever reads the server's stderr would wait for
+            # it too. Its own failure comes back over the pipe.
+            stderr=subprocess.DEVNULL,
+        )
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._wfd, self._rfd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
+        os.set_blocking(self._wfd, False)
+        os.set_blocking(self._rfd, False)
+        loop.add_reader(self._rfd, self._readable)
+        self._send(frame([kind.spec() for kind in kinds]))
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
 
     def _current(self) -> _Batch:
         if self._closed:
             raise RuntimeError("job store is closed")
+        if self._broken is not None:
+            raise self._broken
         batch = self._batch
         if batch is None:
             batch = self._batch = _Batch()
@@ -135,106 +139,146 @@ class Writer:
             raise batch.error
 
     async def aclose(self) -> None:
-        """Commit what is queued, end the thread. Idempotent."""
+        """Commit what is queued, end the process. Idempotent."""
         if self._closed:
             return
         self._hand_over()
         self._closed = True
-        self._queue.put(None)
-        await asyncio.shield(asyncio.to_thread(self._thread.join))
+        await asyncio.shield(self._close())
+
+    async def _close(self) -> None:
+        try:
+            async with asyncio.timeout(_CLOSE_S):
+                if self._out and self._broken is None:  # the pipe takes it as the writer reads
+                    self._drained = self._loop.create_future()
+                    await self._drained
+                self._stop_writing()
+                await self._eof  # every answer read: it committed all and exited
+        except TimeoutError:
+            log.error("job store writer did not finish in %.0f s: killed", _CLOSE_S)
+            self._proc.kill()
+        finally:
+            self._stop_writing()
+            code = await asyncio.to_thread(self._proc.wait)
+            self._stop_reading()
+            self._fail(f"exited with code {code}")
+
+    # -- the pipe ----------------------------------------------------------------------------
 
     def _hand_over(self) -> None:
         batch, self._batch = self._batch, None
-        if batch is not None:
-            self._handed = batch
-            last, self._last = self._last, {}
-            self._queue.put((batch, last))
-
-    # -- the writer thread -------------------------------------------------------------------
-
-    def _run(self) -> None:
-        stop = False
-        while not stop:
-            first = self._queue.get()
-            if first is None:
-                break
-            taken = [first]
-            while True:
-                try:
-                    nxt = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                taken.append(nxt)
-            self._commit(taken)
-        self._conn.close()
-
-    def _commit(self, taken: list[tuple[_Batch, dict[str, Statement]]]) -> None:
-        error: BaseException | None = None
-        last: dict[str, Statement] = {}
-        statements: list[Statement] = []
-        for batch, batch_last in taken:
-            statements += batch.statements
-            last.update(batch_last)
-        try:
-            with self._conn:  # one transaction, one commit for every batch waiting
-                self._execute(statements)
-                for sql, params in last.values():
-                    self._conn.execute(sql, params)
-        except Exception as exc:  # not only sqlite3.Error: the thread must answer every batch
-            log.error("job store commit of %d batches failed: %r", len(taken), exc)
-            error = exc
-        self._loop.call_soon_threadsafe(_resolve, [batch for batch, _ in taken], error)
-
-    def _execute(self, statements: list[Statement]) -> None:
-        # The rows of each kind since the last barrier, in the kinds' order; ``seen`` has
-        # the latest kind (its position) each id has a row of. A row may join its kind's
-        # rows only if its id has none of the same or a later kind pending (those would
-        # run before it); else what is pending is written first.
-        order = self._order
-        pending: dict[RowKind, list[tuple[Any, ...]]] = {}
-        seen: dict[Any, int] = {}
-        for sql, params in statements:
-            kind = self._kinds.get(sql)
-            if kind is None:  # a barrier
-                if pending:
-                    self._flush(pending)
-                    pending, seen = {}, {}
-                self._conn.execute(sql, params)
-                continue
-            at, key = order[kind], params[kind.key]
-            if seen.get(key, -1) >= at:
-                self._flush(pending)
-                pending, seen = {}, {}
-            seen[key] = at
-            rows = pending.get(kind)
-            if rows is None:
-                rows = pending[kind] = []
-            rows.append(params)
-        if pending:
-            self._flush(pending)
-
-    def _flush(self, pending: dict[RowKind, list[tuple[Any, ...]]]) -> None:
-        for kind in sorted(pending, key=self._order.__getitem__):
-            self._rows(kind, pending[kind])
-
-    def _rows(self, kind: RowKind, rows: list[tuple[Any, ...]]) -> None:
-        if kind.many(2) is None:  # no multi-row form: one executemany for the run
-            self._conn.executemany(kind.sql, rows)
+        if batch is None or batch.done:
             return
-        for at in range(0, len(rows), _MAX_ROWS):
-            chunk = rows[at : at + _MAX_ROWS]
-            sql = kind.many(len(chunk))
-            if sql is None:
-                self._conn.execute(kind.sql, chunk[0])
-            else:
-                self._conn.execute(sql, [v for row in chunk for v in row])
+        self._number += 1
+        batch.number = self._number
+        self._handed = batch
+        last, self._last = self._last, {}
+        try:
+            data = frame((batch.number, batch.statements, [(k, *s) for k, s in last.items()]))
+        except ValueError as exc:  # a parameter marshal cannot carry: a bug, not a hang
+            _resolve([batch], StoreWriteError(f"job store: a statement cannot be sent: {exc}"))
+            return
+        self._sent.append(batch)
+        self._send(data)
+
+    def _send(self, data: bytes) -> None:
+        if self._broken is not None or self._wfd < 0:
+            return
+        if not self._out:
+            try:
+                n = os.write(self._wfd, data)
+            except BlockingIOError:
+                n = 0
+            except OSError as exc:  # EPIPE: the writer is gone
+                self._fail(f"is gone ({exc})")
+                return
+            if n == len(data):
+                return
+            data = data[n:]
+            self._loop.add_writer(self._wfd, self._writable)
+        self._out += data
+
+    def _writable(self) -> None:
+        try:
+            n = os.write(self._wfd, self._out)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._fail(f"is gone ({exc})")
+            return
+        del self._out[:n]
+        if not self._out:
+            self._loop.remove_writer(self._wfd)
+            self._wake_drained()
+
+    def _wake_drained(self) -> None:
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
+
+    def _readable(self) -> None:
+        error: OSError | None = None
+        try:
+            data = os.read(self._rfd, 1 << 16)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            data, error = b"", exc
+        if not data:
+            self._stop_reading()
+            code = self._proc.poll()
+            self._fail(f"exited (code {code})" if error is None else f"is gone ({error})")
+            if not self._eof.done():
+                self._eof.set_result(None)
+            return
+        self._in += data
+        for number, reason in frames(self._in):
+            if number < 0:  # the writer itself failed and exits
+                self._fail(f"failed: {reason}")
+                continue
+            failed = None
+            if reason is not None:
+                failed = StoreWriteError(f"job store commit failed: {reason}")
+                log.error("%s", failed)
+            done: list[_Batch] = []
+            while self._sent and self._sent[0].number <= number:
+                done.append(self._sent.popleft())
+            _resolve(done, failed)
+
+    def _fail(self, what: str) -> None:
+        """The writer is gone: fail everything unanswered and every later write."""
+        if self._broken is None:
+            self._broken = StoreWriteError(f"job store writer process {self._proc.pid} {what}")
+            if not self._closed:
+                log.error("%s", self._broken)
+        self._stop_writing()
+        self._out.clear()
+        self._wake_drained()
+        unanswered = list(self._sent)
+        self._sent.clear()
+        if self._batch is not None:
+            unanswered.append(self._batch)
+            self._batch = None
+        _resolve(unanswered, self._broken)
+
+    def _stop_writing(self) -> None:
+        if self._wfd >= 0:
+            self._loop.remove_writer(self._wfd)
+            assert self._proc.stdin is not None
+            self._proc.stdin.close()  # the writer reads the end of its input
+            self._wfd = -1
+
+    def _stop_reading(self) -> None:
+        if self._rfd >= 0:
+            self._loop.remove_reader(self._rfd)
+            assert self._proc.stdout is not None
+            self._proc.stdout.close()
+            self._rfd = -1
 
 
 def _resolve(batches: list[_Batch], error: BaseException | None) -> None:
     for batch in batches:
+        if batch.done:
+            continue
         batch.done, batch.error = True, error
         for waiter in batch.waiters:
             if not waiter.done():

@@ -26,9 +26,11 @@ from prorl_async.core.completions import CompletionLog
 from prorl_async.core.job import Job
 from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
 from prorl_async.store import _completions
+from prorl_async.store._commit import RowKind
+from prorl_async.store._commit import connect as _connect
 from prorl_async.store._outbox import FORGET_ROWS, SqliteOutbox
 from prorl_async.store._tombstones import Tombstones
-from prorl_async.store._writer import STATEMENT_CACHE, RowKind, Writer
+from prorl_async.store._writer import Writer
 
 __all__ = ["StoreError", "SqliteJobStore"]
 
@@ -62,39 +64,28 @@ _MULTI_ROW = sqlite3.sqlite_version_info >= (3, 33, 0)
 _ROWS = (
     RowKind(
         _ACCEPT,
+        0,
         None
         if not _MULTI_ROW
-        else lambda n: (
-            _ACCEPT.split("VALUES")[0]
-            + "VALUES "
-            + ", ".join(["(?, ?, 'accepted', ?, NULL, NULL, ?)"] * n)
-        ),
-        key=0,
+        else (_ACCEPT.split("VALUES")[0] + "VALUES ", "(?, ?, 'accepted', ?, NULL, NULL, ?)", ""),
     ),
     # One UPDATE ... FROM (VALUES ...) for a run of results. It costs a little more SQLite
-    # time than executemany, but executemany releases the interpreter lock around every
-    # row's step and then waits up to a switch interval to take it back from the busy
-    # loop: with 64 results, up to 64 waits before the commit every submit waits for.
+    # time than executemany, but it is one statement: the writer's SQLite calls are what
+    # a commit costs (see _commit.py).
     RowKind(
         _FINISH,
+        5,
         None
         if not _MULTI_ROW
-        else lambda n: (
+        else (
             "UPDATE jobs SET status = v.column1, result = v.column2, expires_at = v.column3, "
-            "seq = v.column4, reward = v.column5 FROM (VALUES "
-            + ", ".join(["(?, ?, ?, ?, ?, ?)"] * n)
-            + ") AS v WHERE jobs.id = v.column6"
+            "seq = v.column4, reward = v.column5 FROM (VALUES ",
+            "(?, ?, ?, ?, ?, ?)",
+            ") AS v WHERE jobs.id = v.column6",
         ),
-        key=5,
     ),
     # Results past retention: one DELETE ... IN (...) (fine on any SQLite) per run.
-    RowKind(
-        _EXPIRE,
-        lambda n: (
-            "DELETE FROM jobs WHERE id IN (" + ", ".join("?" * n) + ") AND status != 'accepted'"
-        ),
-        key=0,
-    ),
+    RowKind(_EXPIRE, 0, ("DELETE FROM jobs WHERE id IN (", "?", ") AND status != 'accepted'")),
 )
 _TOMBSTONE = "INSERT OR REPLACE INTO tombstones(id, expires_at) VALUES (?, ?)"
 _UNTOMB = "DELETE FROM tombstones WHERE id = ?"
@@ -161,14 +152,13 @@ class SqliteJobStore:
             _completions.migrate(reader)
             self.outbox.load(reader)
             unfinished = self._load(reader)
-            writer = _connect(self.path)
         except sqlite3.Error as exc:
             raise StoreError(
                 f"job database {self.path} is unreadable or corrupt ({exc}); "
                 "move it away or start with --reset-state to set it aside"
             ) from None
         self._reader = reader
-        self._writer = Writer(writer, asyncio.get_running_loop(), (*_ROWS, FORGET_ROWS))
+        self._writer = Writer(self.path, asyncio.get_running_loop(), (*_ROWS, FORGET_ROWS))
         return unfinished
 
     def _load(self, conn: sqlite3.Connection) -> list[UnfinishedRecord]:
@@ -424,18 +414,6 @@ def _read_results(conn: sqlite3.Connection, job_ids: list[str]) -> dict[str, byt
         sql = f"SELECT id, result FROM jobs WHERE id IN ({marks}) AND result IS NOT NULL"
         found.update((job_id, bytes(body)) for job_id, body in conn.execute(sql, chunk))
     return found
-
-
-def _connect(path: Path) -> sqlite3.Connection:
-    conn = sqlite3.connect(path, check_same_thread=False, cached_statements=STATEMENT_CACHE)
-    conn.execute("PRAGMA journal_mode=WAL")
-    # FULL: a commit is on disk before the client is answered (group commit pays for it).
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA busy_timeout=5000")
-    # Keep the WAL from staying large after a burst; freed pages are reused, so the
-    # file stops growing once retention deletes as fast as jobs arrive.
-    conn.execute("PRAGMA journal_size_limit=67108864")
-    return conn
 
 
 def _size(path: Path) -> int:

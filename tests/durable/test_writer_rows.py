@@ -5,26 +5,32 @@ whatever the run lengths, repeats, interleavings and statements in between."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from prorl_async.store import _completions
+from prorl_async.store import _commit, _completions
 from prorl_async.store import sqlite as store_sqlite
-from prorl_async.store._writer import RowKind, Writer
+from prorl_async.store._commit import RowKind
+from prorl_async.store._writer import StoreWriteError, Writer
 
 Row = tuple[Any, ...]
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    """A write connection as the store opens it, on its schema."""
+def _create(path: Path) -> Path:
+    """A job database as the store opens it, with its schema."""
     conn = store_sqlite._connect(path)
     conn.executescript(store_sqlite._SCHEMA)
     _completions.migrate(conn)
-    return conn
+    conn.close()
+    return path
 
 
 def _schedule(seed: int) -> list[list[tuple[str, Row]]]:
@@ -98,8 +104,7 @@ def _tables(path: Path) -> tuple[list[Row], list[Row]]:
 async def _write(
     path: Path, kinds: tuple[RowKind, ...], batches: list[list[tuple[str, Row]]]
 ) -> tuple[list[Row], list[Row]]:
-    conn = _connect(path)
-    writer = Writer(conn, asyncio.get_running_loop(), kinds)
+    writer = Writer(_create(path), asyncio.get_running_loop(), kinds)
     try:
         for batch in batches:
             for sql, params in batch:
@@ -129,8 +134,8 @@ async def test_multi_row_statements_write_what_one_row_statements_write(
 async def test_without_a_multi_row_form_a_run_is_written_row_by_row(tmp_path: Path) -> None:
     """What an old system SQLite gets (``many`` None): the same table."""
     kinds = (
-        RowKind(store_sqlite._ACCEPT, None, 0),
-        RowKind(store_sqlite._FINISH, None, 5),
+        RowKind(store_sqlite._ACCEPT, 0),
+        RowKind(store_sqlite._FINISH, 5),
         store_sqlite._ROWS[2],  # DELETE ... IN needs nothing new
     )
     batches = _schedule(7)
@@ -141,14 +146,13 @@ async def test_without_a_multi_row_form_a_run_is_written_row_by_row(tmp_path: Pa
 async def test_an_error_that_is_not_sqlites_fails_the_batch_and_the_next_one_commits(
     tmp_path: Path,
 ) -> None:
-    """Whatever goes wrong in the writer thread, every waiter is answered (no hang) and
-    the thread lives on."""
-    broken = RowKind(store_sqlite._ACCEPT, None, key=9)  # no parameter 9: IndexError
-    conn = _connect(tmp_path / "jobs.sqlite3")
-    writer = Writer(conn, asyncio.get_running_loop(), (broken,))
+    """Whatever goes wrong in a commit, every waiter is answered (no hang) and the writer
+    lives on."""
+    broken = RowKind(store_sqlite._ACCEPT, key=9)  # no parameter 9: IndexError
+    writer = Writer(_create(tmp_path / "jobs.sqlite3"), asyncio.get_running_loop(), (broken,))
     try:
         writer.write(store_sqlite._ACCEPT, ("j1", b"req", 0, "t"))
-        with pytest.raises(IndexError):
+        with pytest.raises(StoreWriteError, match="IndexError"):
             await writer.sync()
         writer.write(store_sqlite._TOMBSTONE, ("j1", 1.0))
         await writer.sync()
@@ -156,3 +160,65 @@ async def test_an_error_that_is_not_sqlites_fails_the_batch_and_the_next_one_com
         await writer.aclose()
     jobs, tombs = _tables(tmp_path / "jobs.sqlite3")
     assert jobs == [] and tombs == [("j1", 1.0)]
+
+
+async def test_a_killed_writer_fails_every_waiter_and_every_later_write(tmp_path: Path) -> None:
+    writer = Writer(_create(tmp_path / "jobs.sqlite3"), asyncio.get_running_loop())
+    try:
+        writer.write(store_sqlite._TOMBSTONE, ("j0", 1.0))
+        await writer.sync()
+        os.kill(writer.pid, signal.SIGKILL)
+        # a batch sent to a dead process, or refused at the pipe: either way an error
+        writer.write(store_sqlite._TOMBSTONE, ("j1", 1.0))
+        with pytest.raises(StoreWriteError, match=f"process {writer.pid}"):
+            await writer.sync()
+        with pytest.raises(StoreWriteError):
+            writer.write(store_sqlite._TOMBSTONE, ("j2", 1.0))
+    finally:
+        await writer.aclose()
+    _, tombs = _tables(tmp_path / "jobs.sqlite3")
+    assert tombs == [("j0", 1.0)]
+
+
+async def test_close_commits_what_is_queued_and_reaps_the_writer(tmp_path: Path) -> None:
+    writer = Writer(_create(tmp_path / "jobs.sqlite3"), asyncio.get_running_loop())
+    body = os.urandom(1 << 20)  # more than a pipe holds: sent as the writer reads
+    for i in range(8):
+        writer.write(store_sqlite._ACCEPT, (f"j{i}", body, 0, "t"))
+    await writer.aclose()
+    assert writer._proc.returncode == 0
+    jobs, _ = _tables(tmp_path / "jobs.sqlite3")
+    assert [row[0] for row in jobs] == [f"j{i}" for i in range(8)]
+    assert all(row[1] == body for row in jobs)
+    with pytest.raises(RuntimeError, match="closed"):
+        writer.write(store_sqlite._TOMBSTONE, ("j9", 1.0))
+
+
+def test_the_writer_commits_what_arrived_whole_when_its_input_ends(tmp_path: Path) -> None:
+    """The server killed mid-send: the batches that arrived whole are committed, a torn
+    last one is not, and the writer exits."""
+    path = _create(tmp_path / "jobs.sqlite3")
+    script = Path(_commit.__file__)
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(script), str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdin is not None
+    whole = _commit.frame((1, [(store_sqlite._TOMBSTONE, ("j1", 1.0))], []))
+    torn = _commit.frame((2, [(store_sqlite._TOMBSTONE, ("j2", 1.0))], []))
+    out, _ = proc.communicate(_commit.frame([]) + whole + torn[:-3], timeout=60)
+    assert proc.returncode == 0
+    assert list(_commit.frames(bytearray(out))) == [(1, None)]
+    _, tombs = _tables(path)
+    assert tombs == [("j1", 1.0)]
+
+
+async def test_a_writer_that_cannot_open_its_file_says_why(tmp_path: Path) -> None:
+    writer = Writer(tmp_path, asyncio.get_running_loop())  # a directory, not a database
+    try:
+        writer.write(store_sqlite._TOMBSTONE, ("j1", 1.0))
+        with pytest.raises(StoreWriteError, match="unable to open database file"):
+            await writer.sync()
+    finally:
+        await writer.aclose()
+    assert writer._proc.returncode == 1

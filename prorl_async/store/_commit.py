@@ -1,0 +1,229 @@
+"""The job store's writer process: it owns the write connection and commits what the
+server's loop hands it. Standard library only: it runs as a script (``python -I -S
+_commit.py DB``), so it starts in tens of milliseconds and imports nothing of ours.
+
+Why a process and not a thread: the ``sqlite3`` module gives up the interpreter lock
+around every SQLite call and must take it back from a busy event loop each time, which
+stalled the loop at every hand-back (measured: the loop spent ~0.08 ms more per job
+with the durable store than with the memory store, most of it in those stalls).
+
+The pipe protocol, both ways frames of a 4-byte little-endian length and a ``marshal``
+body (trusted: only the server writes the pipe):
+
+- server -> writer: first the row kinds ``[(sql, key, head, row, tail) | (sql, key)]``,
+  then one frame per batch, ``(number, statements, last)``, ``statements`` a list of
+  ``(sql, params)`` run in order (rows of a kind gathered, see ``execute``), ``last`` a
+  list of ``(key, sql, params)``: per key, the latest is run once after them.
+- writer -> server: ``(number, error)`` after each commit: every batch up to ``number``
+  is committed (``error`` None) or was rolled back (``error`` the reason); ``(-1,
+  error)`` if the writer itself fails (it cannot open the file, say) and exits.
+
+The writer takes every batch that has arrived, commits them in one transaction (one
+fsync), answers, and repeats; at end of input it commits what arrived and exits.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import signal
+import sqlite3
+import struct
+import sys
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+__all__ = ["STATEMENT_CACHE", "RowKind", "connect", "execute", "frame", "frames"]
+
+Statement = tuple[str, tuple[Any, ...]]
+_LEN = struct.Struct("<I")
+# Rows per multi-row statement at most: 256 rows of 6 parameters stay far below SQLite's
+# limit of 32,766 (999 before 3.32, where only DELETE ... IN has a multi-row form).
+_MAX_ROWS = 256
+# Each kind prepares one statement per row count: room for all of them in the
+# connection's statement cache, so none is parsed twice.
+STATEMENT_CACHE = 5 * _MAX_ROWS
+
+
+class RowKind:
+    """A one-row statement that may be written for many rows at once: ``sql`` is what
+    ``Writer.write`` is given, ``key`` the index of the row's id in its parameters, and
+    ``head + ", ".join([row] * n) + tail`` the same for ``n`` rows (their parameters one
+    after the other), if given. Rows of one kind for distinct ids commute."""
+
+    def __init__(self, sql: str, key: int, many: tuple[str, str, str] | None = None) -> None:
+        self.sql = sql
+        self.key = key
+        self.template = many
+        self._many: dict[int, str] = {}
+
+    def spec(self) -> tuple[Any, ...]:
+        return (self.sql, self.key) + (self.template or ())
+
+    @classmethod
+    def from_spec(cls, spec: tuple[Any, ...]) -> RowKind:
+        sql, key, *many = spec
+        return cls(sql, key, (many[0], many[1], many[2]) if many else None)
+
+    def many(self, n: int) -> str | None:
+        if self.template is None or not 1 < n <= _MAX_ROWS:
+            return None
+        sql = self._many.get(n)
+        if sql is None:
+            head, row, tail = self.template
+            sql = self._many[n] = head + ", ".join([row] * n) + tail
+        return sql
+
+
+def connect(path: str | Path) -> sqlite3.Connection:
+    """A connection to the job database, as both the reader and the writer open it."""
+    conn = sqlite3.connect(path, check_same_thread=False, cached_statements=STATEMENT_CACHE)
+    conn.execute("PRAGMA journal_mode=WAL")
+    # FULL: a commit is on disk before the client is answered (group commit pays for it).
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA busy_timeout=5000")
+    # Keep the WAL from staying large after a burst; freed pages are reused, so the
+    # file stops growing once retention deletes as fast as jobs arrive.
+    conn.execute("PRAGMA journal_size_limit=67108864")
+    return conn
+
+
+def execute(
+    conn: sqlite3.Connection, kinds: dict[str, RowKind], statements: list[Statement]
+) -> None:
+    """Run ``statements`` as if one by one in order, with as few statements as can be.
+
+    The rows of each kind since the last barrier (any statement not of a kind) are
+    written together, kinds in their given order, by one statement of exactly that many
+    rows. A row may join its kind's rows only if its id has no row of the same or a
+    later kind pending (those would run before it); else what is pending goes first.
+    """
+    order = {kind: i for i, kind in enumerate(kinds.values())}
+    pending: dict[RowKind, list[tuple[Any, ...]]] = {}
+    seen: dict[Any, int] = {}  # id -> the latest kind (its position) it has a row of
+    for sql, params in statements:
+        kind = kinds.get(sql)
+        if kind is None:  # a barrier
+            if pending:
+                _flush(conn, order, pending)
+                pending, seen = {}, {}
+            conn.execute(sql, params)
+            continue
+        at, key = order[kind], params[kind.key]
+        if seen.get(key, -1) >= at:
+            _flush(conn, order, pending)
+            pending, seen = {}, {}
+        seen[key] = at
+        rows = pending.get(kind)
+        if rows is None:
+            rows = pending[kind] = []
+        rows.append(params)
+    if pending:
+        _flush(conn, order, pending)
+
+
+def _flush(
+    conn: sqlite3.Connection,
+    order: dict[RowKind, int],
+    pending: dict[RowKind, list[tuple[Any, ...]]],
+) -> None:
+    for kind in sorted(pending, key=order.__getitem__):
+        rows = pending[kind]
+        if kind.template is None:  # no multi-row form: one executemany for the run
+            conn.executemany(kind.sql, rows)
+            continue
+        for at in range(0, len(rows), _MAX_ROWS):
+            chunk = rows[at : at + _MAX_ROWS]
+            sql = kind.many(len(chunk))
+            if sql is None:
+                conn.execute(kind.sql, chunk[0])
+            else:
+                conn.execute(sql, [v for row in chunk for v in row])
+
+
+def frame(obj: Any) -> bytes:
+    body = marshal.dumps(obj)
+    return _LEN.pack(len(body)) + body
+
+
+def frames(buf: bytearray) -> Iterator[Any]:
+    """Complete frames at the start of ``buf``, removed from it as they are read."""
+    at = 0
+    while len(buf) - at >= 4:
+        (n,) = _LEN.unpack_from(buf, at)
+        if len(buf) - at - 4 < n:
+            break
+        yield marshal.loads(buf[at + 4 : at + 4 + n])
+        at += 4 + n
+    del buf[:at]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def serve(path: str, read: Callable[[int], bytes], answer: Callable[[bytes], None]) -> None:
+    """The writer's loop: until end of input, commit every batch that has arrived."""
+    conn = connect(path)
+    buf = bytearray()
+    kinds: dict[str, RowKind] | None = None
+    try:
+        while True:
+            chunk = read(1 << 20)  # what is in the pipe (blocks only while it is empty)
+            buf += chunk
+            taken = list(frames(buf))
+            if kinds is None and taken:
+                kinds = {spec[0]: RowKind.from_spec(spec) for spec in taken.pop(0)}
+            if taken:
+                assert kinds is not None
+                answer(frame(_commit(conn, kinds, taken)))
+            if not chunk:
+                return
+    finally:
+        conn.close()
+
+
+def _commit(
+    conn: sqlite3.Connection,
+    kinds: dict[str, RowKind],
+    taken: list[tuple[int, list[Statement], list[tuple[str, str, tuple[Any, ...]]]]],
+) -> tuple[int, str | None]:
+    statements: list[Statement] = []
+    last: dict[str, Statement] = {}
+    for _, batch, batch_last in taken:
+        statements += batch
+        for key, sql, params in batch_last:
+            last[key] = (sql, params)
+    try:
+        with conn:  # one transaction, one commit for every batch waiting
+            execute(conn, kinds, statements)
+            for sql, params in last.values():
+                conn.execute(sql, params)
+    except Exception as exc:  # any: the server must hear about every batch
+        return taken[-1][0], f"{type(exc).__name__}: {exc}"
+    return taken[-1][0], None
+
+
+def main() -> None:
+    # It ends when its input does (the server closed it or died), after committing what
+    # arrived: a Ctrl-C or a job scheduler's SIGTERM to the process group is the
+    # server's to handle, which still has results to write while it shuts down.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        serve(sys.argv[1], lambda n: os.read(0, n), lambda data: _write_all(1, data))
+    except Exception as exc:  # its stderr is closed (see _writer.py): the server hears it here
+        try:
+            _write_all(1, frame((-1, f"{type(exc).__name__}: {exc}")))
+        except OSError:
+            pass
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    main()
