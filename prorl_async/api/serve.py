@@ -97,7 +97,8 @@ def _tune_interpreter() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 100)
-    # The job store's writer thread needs the interpreter lock for a moment after each
-    # commit's fsync; with the loop busy it waits a whole switch interval for it (5 ms by
-    # default), and every submit waits for that commit.
+    # Worker threads (the job store's reads of results from its file, other
+    # ``asyncio.to_thread`` calls) take the interpreter lock back after each blocking
+    # call; with the loop busy each wait is a whole switch interval (5 ms by default),
+    # and a long-poll waits for that read. (The writer is a process: not among them.)
     sys.setswitchinterval(_SWITCH_INTERVAL_S)
