@@ -157,8 +157,12 @@ class SqliteJobStore:
                 f"job database {self.path} is unreadable or corrupt ({exc}); "
                 "move it away or start with --reset-state to set it aside"
             ) from None
+        try:
+            self._writer = Writer(self.path, asyncio.get_running_loop(), (*_ROWS, FORGET_ROWS))
+        except OSError as exc:
+            reader.close()
+            raise StoreError(f"cannot start the writer process of {self.path}: {exc}") from None
         self._reader = reader
-        self._writer = Writer(self.path, asyncio.get_running_loop(), (*_ROWS, FORGET_ROWS))
         return unfinished
 
     def _load(self, conn: sqlite3.Connection) -> list[UnfinishedRecord]:
