@@ -149,6 +149,11 @@ async def _cancel_orphans(server: ServerState) -> None:
             raise
         # not gone with the server: a restart requeues them, a 503 left them running
         server.orphans.update(ids)
+    except asyncio.CancelledError:
+        # the poll loop stopped mid-call (the manager closing): the request may never
+        # have gone out, and close cancels whatever is still an orphan
+        server.orphans.update(ids)
+        raise
 
 
 async def _probe(server: ServerState, backoff: Backoff) -> None:

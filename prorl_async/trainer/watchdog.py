@@ -74,4 +74,7 @@ async def _cancel(server: Any, job_ids: list[str]) -> list[dict[str, Any]]:
         # its poll loop cancels them later: a restart requeues them, a 503 left them running
         server.orphans.update(job_ids)
         return []
+    except asyncio.CancelledError:  # cut short (the manager closing): close cancels orphans
+        server.orphans.update(job_ids)
+        raise
     return list(out.get("done") or [])

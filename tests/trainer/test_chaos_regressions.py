@@ -300,3 +300,43 @@ async def test_jobs_whose_cancel_failed_become_orphans(exc: Exception) -> None:
     server = ServerState("http://a", _Unreachable(exc), 4)  # type: ignore[arg-type]
     assert await cancel_on_servers(ServerPool([server]), {"j1": server.url}) == []
     assert server.orphans == {"j1"}
+
+
+class _Held:
+    """A client whose cancel call is held until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.called = asyncio.Event()
+
+    async def cancel(self, job_ids: list[str]) -> dict[str, list[str]]:
+        self.called.set()
+        await asyncio.Event().wait()  # the call is in flight until it is cancelled
+        raise AssertionError("unreachable")
+
+
+async def test_orphans_whose_cancel_was_cut_short_by_close_are_kept() -> None:
+    # Seed 3 of the chaos test: a group passed its deadline, its poll loop was cancelling
+    # its two jobs when the manager closed. Closing cancels the poll loop, and the ids,
+    # already taken from the orphans, were in neither place: close never cancelled them
+    # and they ran on.
+    client = _Held()
+    server = ServerState("http://a", client, 4)  # type: ignore[arg-type]
+    server.orphans = {"j1", "j2"}
+    call = asyncio.ensure_future(poller._cancel_orphans(server))
+    await asyncio.wait_for(client.called.wait(), 10)
+    assert server.orphans == set()
+    call.cancel()
+    await asyncio.wait({call})
+    assert call.cancelled()
+    assert server.orphans == {"j1", "j2"}
+
+
+async def test_jobs_whose_cancel_was_cut_short_become_orphans() -> None:
+    client = _Held()
+    server = ServerState("http://a", client, 4)  # type: ignore[arg-type]
+    call = asyncio.ensure_future(cancel_on_servers(ServerPool([server]), {"j1": server.url}))
+    await asyncio.wait_for(client.called.wait(), 10)
+    call.cancel()
+    await asyncio.wait({call})
+    assert call.cancelled()
+    assert server.orphans == {"j1"}
