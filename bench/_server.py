@@ -11,28 +11,15 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
+from prorl_async.util.procs import descendants
+
 _ROOT = str(Path(__file__).resolve().parents[1])  # bench/ is a package of the checkout
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and its descendants (the durable store's writer process among them)."""
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        try:
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children") as f:
-                    todo += [int(c) for c in f.read().split()]
-        except OSError:
-            continue  # gone meanwhile
-    return out
 
 
 def rss_mib(pid: int) -> float:
     """Resident memory of the server and its descendants (shared pages counted twice)."""
     total = 0
-    for p in _tree(pid):
+    for p in (pid, *descendants(pid)):
         try:
             with open(f"/proc/{p}/status") as f:
                 for line in f:
@@ -46,7 +33,7 @@ def rss_mib(pid: int) -> float:
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time so far of the server and its descendants (all threads)."""
     ticks = 0
-    for p in _tree(pid):
+    for p in (pid, *descendants(pid)):
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()

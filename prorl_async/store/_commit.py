@@ -30,7 +30,7 @@ import signal
 import sqlite3
 import struct
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -167,21 +167,22 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def serve(path: str, read: Callable[[int], bytes], answer: Callable[[bytes], None]) -> None:
-    """The writer's loop: until end of input, commit every batch that has arrived."""
+def serve(path: str) -> None:
+    """The writer's loop: until end of its input (fd 0), commit every batch that has
+    arrived and answer on fd 1."""
     conn = connect(path)
     buf = bytearray()
     kinds: dict[str, RowKind] | None = None
     try:
         while True:
-            chunk = read(1 << 20)  # what is in the pipe (blocks only while it is empty)
+            chunk = os.read(0, 1 << 20)  # what is in the pipe (blocks only while it is empty)
             buf += chunk
             taken = list(frames(buf))
             if kinds is None and taken:
                 kinds = {spec[0]: RowKind.from_spec(spec) for spec in taken.pop(0)}
             if taken:
                 assert kinds is not None
-                answer(frame(_commit(conn, kinds, taken)))
+                _write_all(1, frame(_commit(conn, kinds, taken)))
             if not chunk:
                 return
     finally:
@@ -216,7 +217,7 @@ def main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     try:
-        serve(sys.argv[1], lambda n: os.read(0, n), lambda data: _write_all(1, data))
+        serve(sys.argv[1])
     except Exception as exc:  # its stderr is closed (see _writer.py): the server hears it here
         try:
             _write_all(1, frame((-1, f"{type(exc).__name__}: {exc}")))

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from prorl_async.store import _commit
-from prorl_async.store._commit import STATEMENT_CACHE, RowKind, frame, frames
+from prorl_async.store._commit import RowKind, frame, frames
 
-__all__ = ["STATEMENT_CACHE", "RowKind", "StoreWriteError", "Writer"]
+__all__ = ["StoreWriteError", "Writer"]
 
 log = logging.getLogger(__name__)
 

@@ -265,7 +265,7 @@ class SqliteJobStore:
         self._live[job.id] = job
         self._drop_done(job.id)
         request = b"{}" if job.request is None else _encoder.encode(job.request)
-        self._write(_ACCEPT, (job.id, request, job.restarts, job.tenant))
+        self.write(_ACCEPT, (job.id, request, job.restarts, job.tenant))
 
     def finished(self, job: Job) -> None:
         self._live.pop(job.id, None)
@@ -279,7 +279,7 @@ class SqliteJobStore:
         self._cache_put(job.id, body)
         self._pending[job.id] = body
         wall = _mono_to_wall(deadline)
-        self._write(_FINISH, (job.status, body, wall, job.seq, job.reward, job.id))
+        self.write(_FINISH, (job.status, body, wall, job.seq, job.reward, job.id))
         if job.callback_url is not None:  # one transaction with the result: never lost
             self.outbox.add(job.id, job.callback_url, time.time())
         entry = None
@@ -296,14 +296,14 @@ class SqliteJobStore:
     def delete(self, job_id: str) -> bool:
         known = self._live.pop(job_id, None) is not None
         known = self._drop_done(job_id) or known
-        self._write(_DELETE, (job_id,))
+        self.write(_DELETE, (job_id,))
         self.outbox.forget(job_id)
         return known
 
     def tombstone(self, job_id: str) -> None:
         deadline = time.monotonic() + self.tombstone_s
         self._tombstones.add(job_id, deadline)
-        self._write(_TOMBSTONE, (job_id, _mono_to_wall(deadline)))
+        self.write(_TOMBSTONE, (job_id, _mono_to_wall(deadline)))
 
     def expire(self, now: float | None = None) -> int:
         """Delete results (and tombstones) past their deadline; returns results dropped."""
@@ -316,16 +316,16 @@ class SqliteJobStore:
             # A deleted-then-resubmitted id has a newer deadline (or is live again).
             if done is not None and done[1] == deadline and job_id not in self._live:
                 self._drop_done(job_id)
-                self._write(_EXPIRE, (job_id,))
+                self.write(_EXPIRE, (job_id,))
                 self.outbox.forget(job_id)
                 if done[2] is not None:
                     floors[done[3]] = max(floors.get(done[3], 0), done[2])
                 dropped += 1
         for tenant, seq in floors.items():
             self.log.expire(tenant, seq)
-            self._write(_completions.FLOOR, (tenant, seq))
+            self.write(_completions.FLOOR, (tenant, seq))
         for job_id in self._tombstones.expire(now):
-            self._write(_UNTOMB, (job_id,))
+            self.write(_UNTOMB, (job_id,))
         return dropped
 
     def freeze(self) -> None:
@@ -349,18 +349,13 @@ class SqliteJobStore:
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _write(self, sql: str, params: tuple[object, ...]) -> None:
-        if self._writer is None:
-            raise RuntimeError(f"job store {self.path} is not open")
-        self._writer.write(sql, params)
-
     def write(self, sql: str, params: tuple[Any, ...]) -> None:
         """Queue one statement; it is committed with the others queued in this loop step."""
-        self._write(sql, params)
+        self._writer_().write(sql, params)
 
     def write_then(self, sql: str, params: tuple[Any, ...], done: Callable[[], None]) -> None:
         """Queue one statement; call ``done`` on the loop once its transaction committed."""
-        self._write(sql, params)
+        self.write(sql, params)
         self._writer_().after_commit(lambda ok: done())
 
     def _writer_(self) -> Writer:
