@@ -91,7 +91,7 @@ class StageStats:
         self.arrivals = RateMeter()
         self.idle_sandbox_seconds = 0.0
         # Jobs in the stage now: their active seconds so far, by a key of the caller's.
-        self._running: dict[object, Callable[[], float]] = {}
+        self._running: dict[object, tuple[PausableTimer, float]] = {}
         # Jobs in the stage whose timer is paused now (waiting for a backend), kept by the
         # timers themselves (``enter``): ``paused()`` is asked at every INIT admission,
         # with hundreds of jobs in RUN.
@@ -99,8 +99,7 @@ class StageStats:
 
     def enter(self, key: object, timer: PausableTimer) -> None:
         """A job entered the stage with ``timer`` (its active time from here on counts)."""
-        before = timer.elapsed()
-        self._running[key] = lambda: timer.elapsed() - before
+        self._running[key] = (timer, timer.elapsed())
         timer.watcher = self._pause_changed
         if not timer.running:
             self._paused_now += 1
@@ -126,7 +125,7 @@ class StageStats:
         """
         if not self._running:
             return None
-        return statistics.median(age() for age in self._running.values())
+        return statistics.median(t.elapsed() - before for t, before in self._running.values())
 
     def finished(self, wall_s: float, active_s: float, slots: int = 0) -> None:
         self.service.add(wall_s)

@@ -298,11 +298,14 @@ class Pipeline:
         slots_token = STAGE_SLOTS.set(slots)
         timer = job.timer
         before, t0 = timer.elapsed(), time.monotonic()
-        stats.enter(job, timer)
         deadline = timer.deadline(worker)
         try:
-            async with deadline:
-                await getattr(job.handler, name)(job)
+            with deadline:  # the timer runs inside: entering and leaving count no pause
+                stats.enter(job, timer)
+                try:
+                    await getattr(job.handler, name)(job)
+                finally:
+                    stats.leave(job, timer)
             keep = stage is Stage.INIT
             return Outcome.OK, None
         except TimeoutError as exc:
@@ -316,7 +319,6 @@ class Pipeline:
             job.stage_active[stage] = job.stage_active.get(stage, 0.0) + active
             wall = time.monotonic() - t0
             job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + wall
-            stats.leave(job, timer)
             stats.finished(wall, active, slots[0])
             if stage is not Stage.INIT and job.holds_resources:
                 # Waiting (timer paused, e.g. for a backend) while holding a sandbox: idle too.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
@@ -103,6 +104,16 @@ class PausableTimer:
 
 _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(4)
 
+# Deadlines to arm at the next step of their loop: one loop callback for all of them.
+_DUE: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Deadline]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _arm_due(loop: asyncio.AbstractEventLoop) -> None:
+    for deadline in _DUE.pop(loop, ()):
+        deadline._arm()
+
 
 class Deadline:
     """A ``PausableTimer``'s budget around one stage: ``asyncio.Timeout``'s semantics
@@ -110,7 +121,9 @@ class Deadline:
     the exit), rescheduled on every pause and resume.
 
     The loop timer is armed one loop step after a resume, for the same absolute time: a
-    stage that ends without waiting (most stages of a load test) never allocates one.
+    stage that ends without waiting (most stages of a load test) never allocates one, and
+    the deadlines resumed in one loop step share one callback. Entered with ``with``
+    (nothing in it waits) or ``async with``, as ``asyncio.Timeout``.
     """
 
     __slots__ = ("_timer", "_task", "_cancelling", "_state", "_handle", "_arming", "_token")
@@ -138,7 +151,12 @@ class Deadline:
             self._handle = None
         if not self._arming:
             self._arming = True
-            asyncio.get_running_loop().call_soon(self._arm)
+            loop = asyncio.get_running_loop()
+            due = _DUE.get(loop)
+            if due is None:
+                due = _DUE[loop] = []
+                loop.call_soon(_arm_due, loop)
+            due.append(self)
 
     def disarm(self) -> None:
         """The timer is paused: no deadline until it runs again."""
@@ -167,6 +185,17 @@ class Deadline:
         self._handle = None
 
     async def __aenter__(self) -> Deadline:
+        return self.__enter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __enter__(self) -> Deadline:
         task = self._task or asyncio.current_task()
         if task is None:
             raise RuntimeError("a Deadline must be entered inside a task")
@@ -178,7 +207,7 @@ class Deadline:
         timer.resume()
         return self
 
-    async def __aexit__(
+    def __exit__(
         self,
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
