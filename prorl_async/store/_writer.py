@@ -18,6 +18,7 @@ waits for an answer that cannot come.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import subprocess
@@ -44,7 +45,7 @@ class StoreWriteError(RuntimeError):
 
 
 class _Batch:
-    __slots__ = ("statements", "waiters", "after", "done", "error", "number")
+    __slots__ = ("statements", "waiters", "after", "gathered", "done", "error", "number")
 
     def __init__(self) -> None:
         self.statements: list[Statement] = []
@@ -54,6 +55,7 @@ class _Batch:
         self.error: BaseException | None = None
         # (callback, always): called on the loop after the commit (always: even if it failed)
         self.after: list[tuple[Callable[[bool], None], bool]] = []
+        self.gathered: dict[str, list[Any]] = {}  # Writer.gather's lists, by key
         self.number = 0
 
 
@@ -113,7 +115,8 @@ class Writer:
 
     def write(self, sql: str, params: tuple[Any, ...]) -> None:
         """Queue one statement; it is committed with its batch."""
-        self._current().statements.append((sql, params))
+        # An open batch means neither closed nor broken (both take it away).
+        (self._batch or self._current()).statements.append((sql, params))
 
     def write_last(self, key: str, sql: str, params: tuple[Any, ...]) -> None:
         """Queue a statement run once per transaction, after the others, with the
@@ -125,6 +128,17 @@ class Writer:
         """Call ``callback(committed)`` on the loop once everything queued so far is
         committed (``always``: also, with False, if that commit failed)."""
         self._current().after.append((callback, always))
+
+    def gather(self, key: str, callback: Callable[[list[Any], bool], None]) -> list[Any]:
+        """A list kept with the open batch, handed to ``callback(items, committed)`` once
+        after its commit (also if it failed): one callback per batch for many items, in
+        place of one ``after_commit`` each. ``key`` tells the lists of a batch apart."""
+        batch = self._batch or self._current()
+        items = batch.gathered.get(key)
+        if items is None:
+            items = batch.gathered[key] = []
+            batch.after.append((functools.partial(callback, items), True))
+        return items
 
     async def sync(self) -> None:
         """Return once every statement queued so far is committed; raise if the commit failed."""

@@ -10,7 +10,6 @@ bounded in bytes; a result missing from the cache is read back from the file.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import sqlite3
 import sys
@@ -271,6 +270,8 @@ class SqliteJobStore:
         self._live.pop(job.id, None)
         if self._frozen and job.status == "cancelled":
             return  # cancelled by shutdown: the row stays 'accepted' and runs again at restart
+        writer = self._writer_()
+        now = time.time()
         deadline = time.monotonic() + self.retention_s
         body = job.result or b""
         self._done[job.id] = (job.status, deadline, job.seq, job.tenant)
@@ -278,18 +279,16 @@ class SqliteJobStore:
         self._counts[job.status] += 1
         self._cache_put(job.id, body)
         self._pending[job.id] = body
-        wall = _mono_to_wall(deadline)
-        self.write(_FINISH, (job.status, body, wall, job.seq, job.reward, job.id))
+        wall = now + self.retention_s
+        writer.write(_FINISH, (job.status, body, wall, job.seq, job.reward, job.id))
         if job.callback_url is not None:  # one transaction with the result: never lost
-            self.outbox.add(job.id, job.callback_url, time.time())
+            self.outbox.add(job.id, job.callback_url, now)
         entry = None
         if job.seq is not None:
             # Readers of the completion log see it once the result and its seq are durable.
             entry = (job.tenant, job.seq, job.id, job.status, job.reward)
-            self._writer_().write_last("last_seq", _completions.LAST_SEQ, (job.seq,))
-        self._writer_().after_commit(
-            functools.partial(self._committed, job.id, body, entry), always=True
-        )
+            writer.write_last("last_seq", _completions.LAST_SEQ, (job.seq,))
+        writer.gather("results", self._committed).append((job.id, body, entry))
         if job.status == "cancelled":
             self.tombstone(job.id)
 
@@ -351,7 +350,10 @@ class SqliteJobStore:
 
     def write(self, sql: str, params: tuple[Any, ...]) -> None:
         """Queue one statement; it is committed with the others queued in this loop step."""
-        self._writer_().write(sql, params)
+        writer = self._writer
+        if writer is None:
+            raise RuntimeError(f"job store {self.path} is not open")
+        writer.write(sql, params)
 
     def write_then(self, sql: str, params: tuple[Any, ...], done: Callable[[], None]) -> None:
         """Queue one statement; call ``done`` on the loop once its transaction committed."""
@@ -365,17 +367,17 @@ class SqliteJobStore:
 
     def _committed(
         self,
-        job_id: str,
-        body: bytes,
-        entry: tuple[str, int, str, str, float | None] | None,
+        results: list[tuple[str, bytes, tuple[str, int, str, str, float | None] | None]],
         ok: bool,
     ) -> None:
-        """After the transaction holding a result: it is no longer served from ``_pending``;
-        the completion log has it (if that transaction committed)."""
-        if self._pending.get(job_id) is body:
-            del self._pending[job_id]
-        if ok and entry is not None:
-            self.log.commit(*entry)
+        """After the transaction holding these results: they are no longer served from
+        ``_pending``; the completion log has them (if that transaction committed)."""
+        pending, log = self._pending, self.log
+        for job_id, body, entry in results:
+            if pending.get(job_id) is body:
+                del pending[job_id]
+            if ok and entry is not None:
+                log.commit(*entry)
 
     async def query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on the reader connection in a worker thread (committed rows only)."""

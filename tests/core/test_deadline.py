@@ -10,6 +10,8 @@ import pytest
 from prorl_async.util import timer as timer_mod
 from prorl_async.util.timer import PausableTimer
 
+_LOOP_CLOCK_S = 0.002
+
 
 async def _stage(budget: float, body_waits: asyncio.Event) -> tuple[str, bool, float]:
     """One stage under a deadline, as the pipeline runs it (``with``)."""
@@ -30,8 +32,9 @@ async def test_many_deadlines_resumed_in_one_step_all_fire() -> None:
     )
     assert {o[0] for o in outcomes} == {"timed_out"}
     assert all(expired for _, expired, _ in outcomes)
-    # Cancelled for the budget: only once the active time had reached it.
-    assert min(active for _, _, active in outcomes) >= 0.05
+    # Cancelled for the budget: only once the active time had reached it (to the loop
+    # clock's resolution: uvloop's timers count whole milliseconds).
+    assert min(active for _, _, active in outcomes) >= 0.05 - _LOOP_CLOCK_S
     assert asyncio.get_running_loop() not in timer_mod._DUE  # the batch was taken
 
 
