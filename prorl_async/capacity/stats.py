@@ -128,15 +128,9 @@ class StageStats:
         return statistics.median(t.elapsed() - before for t, before in self._running.values())
 
     def finished(self, wall_s: float, active_s: float, slots: int = 0) -> None:
-        # Ewma.add written out for the three updated on every stage of every job.
-        for ewma, sample in (
-            (self.service, wall_s),
-            (self.active, active_s),
-            (self.sandboxed, 1.0 if slots else 0.0),
-        ):
-            ewma.count += 1
-            value = ewma.value
-            ewma.value = sample if value is None else value + ewma.alpha * (sample - value)
+        self.service.add(wall_s)
+        self.active.add(active_s)
+        self.sandboxed.add(1.0 if slots else 0.0)
         if slots:
             self.sandboxed_active.add(active_s)
         self.completions.add()

@@ -39,10 +39,9 @@ _BY_NAME = {s._value_: s for s in Stage}
 def _take_back(worker: asyncio.Task[Any], job: Job) -> bool:
     """Withdraw the cancellations ``_cancel`` sent the worker for ``job``'s stage; True if
     the worker is still being cancelled (it is being shut down)."""
-    if job.stage_cancels:
-        for _ in range(job.stage_cancels):
-            worker.uncancel()
-        job.stage_cancels = 0
+    for _ in range(job.stage_cancels):
+        worker.uncancel()
+    job.stage_cancels = 0
     return worker.cancelling() > 0
 
 

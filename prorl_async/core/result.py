@@ -28,29 +28,30 @@ _EMPTY_TRAJECTORY: dict[str, Any] = {
 }
 
 
+def _us(seconds: float) -> float:
+    # Microseconds, as round(seconds, 6) but a third of its cost (8 per result document).
+    return round(seconds * 1e6) / 1e6
+
+
 def timing(job: Job) -> dict[str, float]:
-    # Seconds to the microsecond: round(x * 1e6) / 1e6 is round(x, 6) at a third of its
-    # cost, written out (not a helper) as it runs 8 times per result document.
     active = job.stage_active
     init = active.get(Stage.INIT, 0.0)
     run = active.get(Stage.RUN, 0.0)
     eval_ = active.get(Stage.EVAL, 0.0)
     total_active = init + run + eval_
     wall = sum(job.stage_wall.values())
-    total = job.finished_at - job.submitted_at
-    ended = time.time() - time.monotonic() + job.finished_at
     return {
-        "queued_s": round(job.queued_s * 1e6) / 1e6,
-        "init_s": round(init * 1e6) / 1e6,
-        "run_s": round(run * 1e6) / 1e6,
-        "eval_s": round(eval_ * 1e6) / 1e6,
-        "active_s": round(total_active * 1e6) / 1e6,
+        "queued_s": _us(job.queued_s),
+        "init_s": _us(init),
+        "run_s": _us(run),
+        "eval_s": _us(eval_),
+        "active_s": _us(total_active),
         # Time inside a stage with the timer paused (waiting for an LLM backend).
-        "backend_wait_s": round(max(wall - total_active, 0.0) * 1e6) / 1e6,
+        "backend_wait_s": _us(max(wall - total_active, 0.0)),
         # Submit to terminal, wall clock: queued + active + backend wait + orchestration.
-        "total_s": round(max(total, 0.0) * 1e6) / 1e6,
+        "total_s": _us(max(job.finished_at - job.submitted_at, 0.0)),
         # When it ended, wall clock (Unix seconds): how late a reader learns of it.
-        "ended_at": round(ended * 1e6) / 1e6,
+        "ended_at": _us(time.time() - time.monotonic() + job.finished_at),
     }
 
 
