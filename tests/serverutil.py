@@ -59,8 +59,13 @@ def make_server(tmp_path: Path, gate: GateHandler) -> ServerFactory:
     return factory
 
 
-async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0) -> None:
-    """Re-check real server state until it holds (bounded; for state with no event to await)."""
+async def eventually(
+    check: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0, interval: float = 0.005
+) -> None:
+    """Re-check real server state until it holds (bounded; for state with no event to await).
+
+    ``interval``: the pause between checks; longer where a check costs the checked process
+    real work (an engine's ``/metrics``)."""
     async with asyncio.timeout(timeout):
         while True:
             result = check()
@@ -68,7 +73,7 @@ async def eventually(check: Callable[[], Awaitable[bool] | bool], timeout: float
                 result = await result
             if result:
                 return
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(interval)
 
 
 @asynccontextmanager

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -94,6 +96,28 @@ def vllm(
         yield proc
 
 
+def _serves(engine: VllmProcess) -> str | None:
+    """None if ``engine`` answers ``/health`` and a 4-token generation; else what failed."""
+    if engine.proc is None or engine.proc.poll() is not None:
+        return "the engine process has exited"
+    if not engine.healthy(timeout_s=5.0):
+        return "/health did not answer 200 within 5 s"
+    body = {"model": engine.served_name, "prompt": [1, 2, 3], "max_tokens": 4}
+    request = urllib.request.Request(
+        f"{engine.address}/completions", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )  # fmt: skip
+    try:
+        with urllib.request.urlopen(request, timeout=120) as resp:
+            if resp.status != 200:
+                return f"a warm-up generation answered {resp.status}"
+    except (OSError, urllib.error.URLError) as exc:
+        return f"a warm-up generation failed: {exc!r}"
+    if not engine.healthy(timeout_s=5.0):
+        return "/health did not answer 200 within 5 s after a warm-up generation"
+    return None
+
+
 class Victims:
     """Second engines for the tests that stop one. One runs at a time; a test that ends
     with it dead (SIGTERM, SIGKILL) gets the next test a fresh one, a live one is reused
@@ -104,13 +128,24 @@ class Victims:
         self.current: VllmProcess | None = None
 
     def get(self) -> VllmProcess:
-        if self.current is not None and not self.current.healthy(timeout_s=5.0):
+        """A second engine that has just generated (and still answers ``/health``).
+
+        One ``/health`` answer is not enough: an engine that a test stopped may still be
+        shutting down, and a fresh one serves its first generation slowly. A test gets an
+        engine only after a short generation on it succeeded; else a fresh one (twice).
+        """
+        failures: list[str] = []
+        for _ in range(3):
+            if self.current is None:
+                proc = _engine(self.env, self.model, self.scripts, self.logs, "b")
+                self.current = proc.start()
+            why = _serves(self.current)
+            if why is None:
+                return self.current
+            failures.append(f"{why}; log:\n{self.current.log_tail()}")
             self.current.stop()
             self.current = None
-        if self.current is None:
-            proc = _engine(self.env, self.model, self.scripts, self.logs, "b")
-            self.current = proc.start()
-        return self.current
+        raise RuntimeError("no second engine would serve:\n" + "\n---\n".join(failures))
 
     def close(self) -> None:
         if self.current is not None:

@@ -34,12 +34,20 @@ def long_job(i: int, max_tokens: int = 400, **instance: Any) -> dict[str, Any]:
 
 
 async def wait_running(engine: VllmProcess, at_least: int = 1, bound_s: float = 120) -> None:
-    """Until the engine is decoding ``at_least`` requests (bounded poll of its metrics)."""
+    """Until the engine is decoding ``at_least`` requests (bounded poll of its metrics,
+    every 0.1 s: each is real work for the engine's API server)."""
 
     async def busy() -> bool:
         return await running_requests(engine) >= at_least
 
-    await eventually(busy, timeout=bound_s)
+    try:
+        await eventually(busy, timeout=bound_s, interval=0.1)
+    except TimeoutError:
+        alive = engine.proc is not None and engine.proc.poll() is None
+        pytest.fail(
+            f"{engine.address} decoded fewer than {at_least} requests within {bound_s:g} s "
+            f"(process alive: {alive}); its log ends:\n{engine.log_tail()}"
+        )
 
 
 async def test_cancel_mid_generation_frees_the_engine(
