@@ -28,31 +28,37 @@ _EMPTY_TRAJECTORY: dict[str, Any] = {
 }
 
 
-def _us(seconds: float) -> float:
-    # Microseconds, as round(seconds, 6) but a third of its cost (8 per result document).
-    return round(seconds * 1e6) / 1e6
+# The timing object, microsecond precision, formatted in one step: as round(x, 6) for each
+# value and then msgspec's float encoding, at a third of their cost (~30% of a zero-length
+# job's result document). The values are JSON numbers as before ("0.000008" for 8e-06).
+_TIMING = (
+    b'{"queued_s":%.6f,"init_s":%.6f,"run_s":%.6f,"eval_s":%.6f,"active_s":%.6f,'
+    b'"backend_wait_s":%.6f,"total_s":%.6f,"ended_at":%.6f}'
+)
+_INIT, _RUN, _EVAL = Stage.INIT, Stage.RUN, Stage.EVAL  # class lookups cost ~1k instructions
 
 
-def timing(job: Job) -> dict[str, float]:
+def timing(job: Job) -> bytes:
+    """The result's ``timing`` object (JSON)."""
     active = job.stage_active
-    init = active.get(Stage.INIT, 0.0)
-    run = active.get(Stage.RUN, 0.0)
-    eval_ = active.get(Stage.EVAL, 0.0)
+    init = active.get(_INIT, 0.0)
+    run = active.get(_RUN, 0.0)
+    eval_ = active.get(_EVAL, 0.0)
     total_active = init + run + eval_
     wall = sum(job.stage_wall.values())
-    return {
-        "queued_s": _us(job.queued_s),
-        "init_s": _us(init),
-        "run_s": _us(run),
-        "eval_s": _us(eval_),
-        "active_s": _us(total_active),
+    return _TIMING % (
+        job.queued_s,
+        init,
+        run,
+        eval_,
+        total_active,
         # Time inside a stage with the timer paused (waiting for an LLM backend).
-        "backend_wait_s": _us(max(wall - total_active, 0.0)),
+        max(wall - total_active, 0.0),
         # Submit to terminal, wall clock: queued + active + backend wait + orchestration.
-        "total_s": _us(max(job.finished_at - job.submitted_at, 0.0)),
+        max(job.finished_at - job.submitted_at, 0.0),
         # When it ended, wall clock (Unix seconds): how late a reader learns of it.
-        "ended_at": _us(time.time() - time.monotonic() + job.finished_at),
-    }
+        time.time() - time.monotonic() + job.finished_at,
+    )
 
 
 def _trajectory_fields(job: Job) -> dict[str, Any]:
@@ -82,7 +88,7 @@ def encode_result(job: Job) -> bytes:
     }
     doc.update(_trajectory_fields(job))
     doc["error"] = None if job.error is None else msgspec.structs.asdict(job.error)
-    doc["timing"] = timing(job)
+    doc["timing"] = msgspec.Raw(timing(job))
     doc["eval"] = job.eval
     doc["metadata"] = job.metadata
     doc["restarts"] = job.restarts
