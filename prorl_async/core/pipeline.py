@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 
 _NEXT = {Stage.INIT: Stage.RUN, Stage.RUN: Stage.EVAL}
 _BY_NAME = {s._value_: s for s in Stage}
-# An enum member looked up on its class costs ~1,000 instructions in CPython 3.11 (a
-# global ~50): the per-stage path uses these.
+# An enum member looked up on its class costs ~1,000 instructions more than a plain
+# class attribute in CPython 3.11: the per-stage path uses these.
 _INIT, _RUN = Stage.INIT, Stage.RUN
 
 
