@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from prorl_async.capacity.jit import JitGate
 from prorl_async.capacity.stats import CURRENT_STAGE, STAGE_SLOTS, Pulse, StageStats
 from prorl_async.capacity.workers import WorkerPool
-from prorl_async.core.job import Job, Stage
+from prorl_async.core.job import INIT, RUN, Job, Stage
 from prorl_async.core.jobstore import JobStore
 from prorl_async.core.result import encode_result
 from prorl_async.schemas import ErrorInfo
@@ -34,9 +34,6 @@ log = logging.getLogger(__name__)
 
 _NEXT = {Stage.INIT: Stage.RUN, Stage.RUN: Stage.EVAL}
 _BY_NAME = {s._value_: s for s in Stage}
-# An enum member looked up on its class costs ~1,000 instructions more than a plain
-# class attribute in CPython 3.11: the per-stage path uses these.
-_INIT, _RUN = Stage.INIT, Stage.RUN
 
 
 def _take_back(worker: asyncio.Task[Any], job: Job) -> bool:
@@ -54,7 +51,7 @@ class Outcome(enum.Enum):
     TIMED_OUT = "timed_out"
 
 
-_OK, _FAILED, _TIMED_OUT = Outcome.OK, Outcome.FAILED, Outcome.TIMED_OUT
+_OK, _FAILED, _TIMED_OUT = Outcome.OK, Outcome.FAILED, Outcome.TIMED_OUT  # see core.job.INIT
 
 
 class PipelineObserver(Protocol):
@@ -105,9 +102,9 @@ class Pipeline:
         self.pools = {s: self._pool(s, workers[s]) for s in Stage}
         self.jit = JitGate(
             changed=self.changed,
-            queued_run=lambda: self.queued[_RUN],
+            queued_run=lambda: self.queued[RUN],
             busy=lambda s: self.active[_BY_NAME[s]],
-            run_workers=lambda: self.pools[_RUN].size,
+            run_workers=lambda: self.pools[RUN].size,
             stats=self.stats,
             enabled=jit_init,
         )
@@ -170,7 +167,7 @@ class Pipeline:
     def submit(self, job: Job) -> None:
         self.store.add(job)
         self._added(job)
-        self._enqueue(job, _INIT)
+        self._enqueue(job, INIT)
 
     def fail_now(self, job: Job, error: ErrorInfo) -> None:
         """Record ``job`` as accepted and finish it ``failed`` at once (never queued)."""
@@ -237,7 +234,7 @@ class Pipeline:
         return True
 
     async def _work(self, job: Job, stage: Stage) -> None:
-        if stage is _INIT and not self.jit.open():
+        if stage is INIT and not self.jit.open():
             # The job stays queued (timer paused) until RUN will take it soon.
             await self.jit.wait(lambda: job.cancel_requested)
         if not self._dequeue(job):
@@ -312,7 +309,7 @@ class Pipeline:
                     await getattr(job.handler, name)(job)
                 finally:
                     stats.leave(job, timer)
-            keep = stage is _INIT
+            keep = stage is INIT
             return _OK, None
         except TimeoutError as exc:
             self._notify(job, name, exc)
@@ -326,7 +323,7 @@ class Pipeline:
             wall = time.monotonic() - t0
             job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + wall
             stats.finished(wall, active, slots[0])
-            if stage is not _INIT and job.holds_resources:
+            if stage is not INIT and job.holds_resources:
                 # Waiting (timer paused, e.g. for a backend) while holding a sandbox: idle too.
                 stats.idle_sandbox_seconds += max(wall - active, 0.0)
             if self.observer is not None:
