@@ -35,8 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from prorl_async.capacity.stats import CURRENT_STAGE, STAGE_SLOTS
-from prorl_async.util.timer import current_timer
+from prorl_async.capacity.stats import CURRENT_STAGE, current_timer
 
 __all__ = ["SandboxBudget", "default_max_sandboxes", "total_memory_bytes"]
 
@@ -47,6 +46,12 @@ _FALLBACK_PER_SANDBOX = 1 << 30
 MIN_DEFAULT = 8
 # Who gets a freed slot first: a higher rank (a later stage) before a lower one.
 _RANK = {"eval": 3, "run": 2, "init": 1}
+
+
+def _stage() -> str | None:
+    """The stage of the job taking a slot in the current task (``None``: no job's)."""
+    scope = CURRENT_STAGE.get()
+    return None if scope is None else scope.name
 
 
 def _rank(stage: str | None) -> int:
@@ -167,7 +172,7 @@ class SandboxBudget:
     def try_acquire(self) -> bool:
         """Take a slot if one is free, nobody of the caller's stage or a later one is
         queued for one, and the caller's stage's gate (if any) is open."""
-        rank = _rank(CURRENT_STAGE.get())
+        rank = _rank(_stage())
         if self._ahead(rank) or not self._admitted(rank, asking=True):
             return False
         if self.capacity is not None and self.live >= self.capacity:
@@ -183,7 +188,7 @@ class SandboxBudget:
         timer = current_timer()
         t0 = time.monotonic()
         self.waits += 1
-        rank = _rank(CURRENT_STAGE.get())
+        rank = _rank(_stage())
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[rank].append(fut)
         try:
@@ -212,11 +217,11 @@ class SandboxBudget:
             callback()
 
     def _count(self) -> None:
-        stage = CURRENT_STAGE.get()  # the taker's own context
+        scope = CURRENT_STAGE.get()  # the taker's own context
+        stage = None if scope is None else scope.name
         self.taken_by[stage] = self.taken_by.get(stage, 0) + 1
-        slots = STAGE_SLOTS.get()
-        if slots is not None:
-            slots[0] += 1
+        if scope is not None:
+            scope.slots += 1
 
     def _take(self) -> None:
         self.live += 1

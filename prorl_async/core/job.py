@@ -133,13 +133,14 @@ class Job:
 
     # -- queue time ------------------------------------------------------------------------
 
-    def enter_queue(self, stage: Stage) -> None:
+    def enter_queue(self, stage: Stage, now: float | None = None) -> None:
+        """Queued for ``stage`` from ``now`` (the caller's ``time.monotonic()``, or read)."""
         self.status = _QUEUED[stage]
-        self._queued_since = time.monotonic()
+        self._queued_since = time.monotonic() if now is None else now
 
-    def leave_queue(self) -> None:
+    def leave_queue(self, now: float | None = None) -> None:
         if self._queued_since is not None:
-            self.queued_s += time.monotonic() - self._queued_since
+            self.queued_s += (time.monotonic() if now is None else now) - self._queued_since
             self._queued_since = None
 
     # -- completion waiters ----------------------------------------------------------------

@@ -20,7 +20,7 @@ from collections.abc import Coroutine
 from typing import Any, Protocol
 
 from prorl_async.capacity.jit import JitGate
-from prorl_async.capacity.stats import CURRENT_STAGE, STAGE_SLOTS, Pulse, StageStats
+from prorl_async.capacity.stats import CURRENT_STAGE, Pulse, StageScope, StageStats
 from prorl_async.capacity.workers import WorkerPool
 from prorl_async.core.job import INIT, RUN, Job, Stage
 from prorl_async.core.jobstore import JobStore
@@ -213,21 +213,22 @@ class Pipeline:
     # -- workers ---------------------------------------------------------------------------
 
     def _enqueue(self, job: Job, stage: Stage) -> None:
-        job.enter_queue(stage)
+        now = time.monotonic()
+        job.enter_queue(stage, now)
         job.queue_stage = stage
         self.queued[stage] += 1
         self.queues[stage].put_nowait(job)
-        self.stats[stage._value_].arrivals.add()
+        self.stats[stage._value_].arrivals.add(1, now)
         self.changed.fire_soon()
 
-    def _dequeue(self, job: Job) -> bool:
+    def _dequeue(self, job: Job, now: float | None = None) -> bool:
         stage = job.queue_stage
         if stage is None:
             return False
         job.queue_stage = None
         self.queued[stage] -= 1
         waited = job.queued_s
-        job.leave_queue()
+        job.leave_queue(now)
         if job.holds_resources:  # a sandbox alive and waiting: idle sandbox-seconds
             self.stats[stage._value_].idle_sandbox_seconds += job.queued_s - waited
         self.changed.fire_soon()
@@ -237,21 +238,70 @@ class Pipeline:
         if stage is INIT and not self.jit.open():
             # The job stays queued (timer paused) until RUN will take it soon.
             await self.jit.wait(lambda: job.cancel_requested)
-        if not self._dequeue(job):
+        now = time.monotonic()  # it leaves the queue and enters the stage
+        if not self._dequeue(job, now):
             return  # cancelled while it waited in the queue
         if not job.cancel_requested:
-            await self._process(job, stage)
+            self._advance(job, stage, await self._process(job, stage, now))
 
-    async def _process(self, job: Job, stage: Stage) -> None:
-        job.status = stage._value_
+    async def _process(
+        self, job: Job, stage: Stage, t0: float
+    ) -> tuple[Outcome, BaseException | None] | None:
+        """Run ``job``'s ``stage`` in this worker; its outcome, ``None`` if cancelled.
+
+        One coroutine for the whole stage (the job's stage scope, its deadline, the
+        handler, the statistics, the release), not one per step: each coroutine and call
+        here is paid three times a job.
+        """
+        name: str = stage._value_
+        job.status = name
         self.active[stage] += 1
         self.changed.fire_soon()
         worker = asyncio.current_task()
         assert worker is not None
         job.stage_task = worker
         outcome: tuple[Outcome, BaseException | None] | None = None
+        stats = self.stats[name]
+        timer = job.timer
+        scope = StageScope(name, timer)
+        scope_token = CURRENT_STAGE.set(scope)
+        keep = False
+        before = timer.elapsed()
+        deadline = timer.deadline(worker)
         try:
-            outcome = await self._execute(job, stage, worker)
+            try:
+                with deadline:  # the timer runs inside: entering and leaving count no pause
+                    stats.enter(job, timer, before)
+                    try:
+                        await getattr(job.handler, name)(job)
+                    finally:
+                        stats.leave(job, timer)
+                keep = stage is INIT
+                result: tuple[Outcome, BaseException | None] = (_OK, None)
+            except TimeoutError as exc:
+                self._notify(job, name, exc)
+                result = (_TIMED_OUT if deadline.expired() else _FAILED), exc
+            except Exception as exc:
+                self._notify(job, name, exc)
+                result = _FAILED, exc
+            finally:
+                now = time.monotonic()
+                active = timer.elapsed() - before
+                wall = now - t0
+                stage_active, stage_wall = job.stage_active, job.stage_wall
+                stage_active[stage] = stage_active.get(stage, 0.0) + active
+                stage_wall[stage] = stage_wall.get(stage, 0.0) + wall
+                stats.finished(wall, active, scope.slots, now)
+                if stage is not INIT and job.holds_resources:
+                    # Waiting (timer paused, e.g. for a backend) holding a sandbox: idle too.
+                    stats.idle_sandbox_seconds += max(wall - active, 0.0)
+                if self.observer is not None:
+                    self.observer.stage_finished(name, active)
+                CURRENT_STAGE.reset(scope_token)
+                # What the job holds is freed after RUN (before EVAL) and on any failure.
+                if not keep and job.holds_resources:
+                    await self._release(job)
+            outcome = result
         except asyncio.CancelledError:
             if _take_back(worker, job):
                 # The worker itself is being shut down: the job goes with it.
@@ -267,7 +317,7 @@ class Pipeline:
             if done is not None and not done.done():
                 done.set_result(None)
             self.changed.fire_soon()
-        self._advance(job, stage, outcome)
+        return outcome
 
     def _advance(
         self, job: Job, stage: Stage, outcome: tuple[Outcome, BaseException | None] | None
@@ -289,50 +339,6 @@ class Pipeline:
             self._finish(job, "timed_out", ErrorInfo(stage._value_, "TimeoutError", msg))
         else:
             self._finish(job, "failed", ErrorInfo(stage._value_, type(exc).__name__, str(exc)))
-
-    async def _execute(
-        self, job: Job, stage: Stage, worker: asyncio.Task[Any]
-    ) -> tuple[Outcome, BaseException | None]:
-        name: str = stage._value_
-        stats = self.stats[name]
-        keep = False
-        stage_token = CURRENT_STAGE.set(name)
-        slots = [0]  # budget slots this job takes in this stage
-        slots_token = STAGE_SLOTS.set(slots)
-        timer = job.timer
-        before, t0 = timer.elapsed(), time.monotonic()
-        deadline = timer.deadline(worker)
-        try:
-            with deadline:  # the timer runs inside: entering and leaving count no pause
-                stats.enter(job, timer)
-                try:
-                    await getattr(job.handler, name)(job)
-                finally:
-                    stats.leave(job, timer)
-            keep = stage is INIT
-            return _OK, None
-        except TimeoutError as exc:
-            self._notify(job, name, exc)
-            return (_TIMED_OUT if deadline.expired() else _FAILED), exc
-        except Exception as exc:
-            self._notify(job, name, exc)
-            return _FAILED, exc
-        finally:
-            active = timer.elapsed() - before
-            job.stage_active[stage] = job.stage_active.get(stage, 0.0) + active
-            wall = time.monotonic() - t0
-            job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + wall
-            stats.finished(wall, active, slots[0])
-            if stage is not INIT and job.holds_resources:
-                # Waiting (timer paused, e.g. for a backend) while holding a sandbox: idle too.
-                stats.idle_sandbox_seconds += max(wall - active, 0.0)
-            if self.observer is not None:
-                self.observer.stage_finished(name, active)
-            STAGE_SLOTS.reset(slots_token)
-            CURRENT_STAGE.reset(stage_token)
-            # What the job holds is freed after RUN (before EVAL) and on any failure.
-            if not keep and job.holds_resources:
-                await self._release(job)
 
     @staticmethod
     def _notify(job: Job, stage: str, exc: BaseException) -> None:

@@ -9,26 +9,13 @@ pause and resume, so a stage is cancelled exactly when the *active* time runs ou
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
-import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
 from typing import Any
 
-__all__ = ["Deadline", "PausableTimer", "current_timer"]
-
-# The timer of the stage running in this task (set by ``deadline``), so code deep in a
-# handler (a sandbox start waiting for budget) can pause it without being handed the job.
-_CURRENT: contextvars.ContextVar[PausableTimer | None] = contextvars.ContextVar(
-    "prorl_current_timer", default=None
-)
-
-
-def current_timer() -> PausableTimer | None:
-    """The timer of the job whose stage runs in the current task, if any."""
-    return _CURRENT.get()
+__all__ = ["Deadline", "PausableTimer"]
 
 
 class PausableTimer:
@@ -104,15 +91,27 @@ class PausableTimer:
 
 _ENTERED, _EXPIRING, _EXPIRED, _EXITED = range(4)
 
-# Deadlines to arm at the next step of their loop: one loop callback for all of them.
-_DUE: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Deadline]] = (
-    weakref.WeakKeyDictionary()
-)
+# Deadlines to arm at the next step of their loop: one loop callback for all of them,
+# which removes the loop's entry. A plain dict, not a WeakKeyDictionary (whose lookup
+# costs ~1,800 instructions a stage): an entry outlives its loop only if the loop closed
+# before its next step, and such entries are dropped when the next one is made.
+_DUE: dict[asyncio.AbstractEventLoop, list[Deadline]] = {}
 
 
 def _arm_due(loop: asyncio.AbstractEventLoop) -> None:
     for deadline in _DUE.pop(loop, ()):
         deadline._arm()
+
+
+def _due(loop: asyncio.AbstractEventLoop) -> list[Deadline]:
+    """The list of deadlines ``loop`` arms at its next step (made, and the step's callback
+    scheduled, on first use)."""
+    if _DUE:
+        for closed in [other for other in _DUE if other.is_closed()]:
+            del _DUE[closed]
+    due = _DUE[loop] = []
+    loop.call_soon(_arm_due, loop)
+    return due
 
 
 class Deadline:
@@ -126,7 +125,7 @@ class Deadline:
     (nothing in it waits) or ``async with``, as ``asyncio.Timeout``.
     """
 
-    __slots__ = ("_timer", "_task", "_cancelling", "_state", "_handle", "_arming", "_token")
+    __slots__ = ("_timer", "_task", "_cancelling", "_state", "_handle", "_arming")
 
     def __init__(self, timer: PausableTimer, task: asyncio.Task[Any] | None = None) -> None:
         self._timer = timer
@@ -135,7 +134,6 @@ class Deadline:
         self._state = _ENTERED
         self._handle: asyncio.TimerHandle | None = None
         self._arming = False
-        self._token: contextvars.Token[PausableTimer | None] | None = None
 
     def expired(self) -> bool:
         """Whether the budget ran out (the body was cancelled for it)."""
@@ -152,11 +150,7 @@ class Deadline:
         if not self._arming:
             self._arming = True
             loop = asyncio.get_running_loop()
-            due = _DUE.get(loop)
-            if due is None:
-                due = _DUE[loop] = []
-                loop.call_soon(_arm_due, loop)
-            due.append(self)
+            (_DUE.get(loop) or _due(loop)).append(self)
 
     def disarm(self) -> None:
         """The timer is paused: no deadline until it runs again."""
@@ -203,7 +197,6 @@ class Deadline:
         self._cancelling = task.cancelling()
         timer = self._timer
         timer._timeout = self
-        self._token = _CURRENT.set(timer)
         timer.resume()
         return self
 
@@ -216,9 +209,6 @@ class Deadline:
         timer = self._timer
         timer.pause()
         timer._timeout = None
-        if self._token is not None:
-            _CURRENT.reset(self._token)
-            self._token = None
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from prorl_async.capacity import SandboxBudget, default_max_sandboxes
-from prorl_async.capacity.stats import CURRENT_STAGE
+from prorl_async.capacity.stats import CURRENT_STAGE, StageScope, current_timer
 from prorl_async.sandbox import SandboxLimits
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
-from prorl_async.util.timer import PausableTimer, current_timer
+from prorl_async.util.timer import PausableTimer
 from tests.handlers.policies import require_bwrap
 from tests.serverutil import ServerFactory, eventually
 
@@ -32,6 +32,7 @@ async def test_waiting_for_a_slot_pauses_the_job_timer() -> None:
         budget.release()
 
     loop.call_later(0.3, free)
+    CURRENT_STAGE.set(StageScope(None, timer))  # a job's stage, as the pipeline sets it
     async with timer.deadline():
         await budget.acquire()  # waits ~0.3 s for the slot
         got = loop.time()
@@ -70,7 +71,7 @@ async def test_a_freed_slot_goes_to_the_latest_stage_first() -> None:
     order: list[str] = []
 
     async def take(stage: str | None) -> None:
-        CURRENT_STAGE.set(stage)  # this task's own context, as the pipeline sets it
+        CURRENT_STAGE.set(StageScope(stage))  # this task's own context, as the pipeline sets it
         await budget.acquire()
         order.append(str(stage))
 
@@ -89,9 +90,9 @@ async def test_a_freed_slot_goes_to_the_latest_stage_first() -> None:
     waiter = asyncio.create_task(take("init"))
     await eventually(lambda: budget.waiting == 1)
     budget.capacity = 3  # a free slot with an INIT waiter still in line (not woken)
-    token = CURRENT_STAGE.set("init")
+    token = CURRENT_STAGE.set(StageScope("init"))
     assert not budget.try_acquire()  # INIT behind INIT: waits its turn
-    CURRENT_STAGE.set("eval")
+    CURRENT_STAGE.set(StageScope("eval"))
     assert budget.try_acquire()  # EVAL ahead of INIT
     CURRENT_STAGE.reset(token)
     budget.resize(4)
@@ -109,12 +110,12 @@ async def test_a_gated_stage_gets_slots_only_while_its_gate_is_open() -> None:
         return gate_open
 
     budget.gate("init", is_open)
-    CURRENT_STAGE.set("eval")
+    CURRENT_STAGE.set(StageScope("eval"))
     assert budget.try_acquire()  # other stages are not gated
     timer = PausableTimer(budget=10.0)
 
     async def take() -> None:
-        CURRENT_STAGE.set("init")
+        CURRENT_STAGE.set(StageScope("init", timer))
         async with timer.deadline():
             await budget.acquire()
 

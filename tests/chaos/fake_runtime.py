@@ -109,7 +109,8 @@ class FakeRuntime(Runtime):
             self.pending.remove(start)
 
     async def start_reserved(self, spec: SandboxSpec) -> FakeSandbox:  # type: ignore[override]
-        start = FakeStart(spec, CURRENT_STAGE.get())
+        scope = CURRENT_STAGE.get()
+        start = FakeStart(spec, None if scope is None else scope.name)
         self.starts.append(start)
         try:
             await self.script(start)
