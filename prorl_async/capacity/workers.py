@@ -18,13 +18,14 @@ T = TypeVar("T")
 
 
 class WorkerPool(Generic[T]):
-    """``size`` workers, each looping ``item = await queue.get(); await handle(item)``."""
+    """``size`` workers, each looping ``item = await queue.get(); await handle(item, me)``
+    (``me``: the worker's own task, which a handler would otherwise look up per item)."""
 
     def __init__(
         self,
         name: str,
         queue: asyncio.Queue[T],
-        handle: Callable[[T], Awaitable[None]],
+        handle: Callable[[T, asyncio.Task[None]], Awaitable[None]],
         size: int,
     ) -> None:
         self.name = name
@@ -85,7 +86,7 @@ class WorkerPool(Generic[T]):
                 item = await self._queue.get()
             finally:
                 self._idle.discard(me)
-            await self._handle(item)
+            await self._handle(item, me)
         self._members.discard(me)  # over size: leave after the job just finished
 
     async def aclose(self) -> None:

@@ -234,7 +234,7 @@ class Pipeline:
         self.changed.fire_soon()
         return True
 
-    async def _work(self, job: Job, stage: Stage) -> None:
+    async def _work(self, job: Job, worker: asyncio.Task[Any], stage: Stage) -> None:
         if stage is INIT and not self.jit.open():
             # The job stays queued (timer paused) until RUN will take it soon.
             await self.jit.wait(lambda: job.cancel_requested)
@@ -242,10 +242,10 @@ class Pipeline:
         if not self._dequeue(job, now):
             return  # cancelled while it waited in the queue
         if not job.cancel_requested:
-            self._advance(job, stage, await self._process(job, stage, now))
+            self._advance(job, stage, await self._process(job, stage, worker, now))
 
     async def _process(
-        self, job: Job, stage: Stage, t0: float
+        self, job: Job, stage: Stage, worker: asyncio.Task[Any], t0: float
     ) -> tuple[Outcome, BaseException | None] | None:
         """Run ``job``'s ``stage`` in this worker; its outcome, ``None`` if cancelled.
 
@@ -257,8 +257,6 @@ class Pipeline:
         job.status = name
         self.active[stage] += 1
         self.changed.fire_soon()
-        worker = asyncio.current_task()
-        assert worker is not None
         job.stage_task = worker
         outcome: tuple[Outcome, BaseException | None] | None = None
         stats = self.stats[name]
