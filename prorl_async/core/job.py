@@ -133,14 +133,13 @@ class Job:
 
     # -- queue time ------------------------------------------------------------------------
 
-    def enter_queue(self, stage: Stage, now: float | None = None) -> None:
-        """Queued for ``stage`` from ``now`` (the caller's ``time.monotonic()``, or read)."""
+    def enter_queue(self, stage: Stage) -> None:
         self.status = _QUEUED[stage]
-        self._queued_since = time.monotonic() if now is None else now
+        self._queued_since = time.monotonic()
 
-    def leave_queue(self, now: float | None = None) -> None:
+    def leave_queue(self) -> None:
         if self._queued_since is not None:
-            self.queued_s += (time.monotonic() if now is None else now) - self._queued_since
+            self.queued_s += time.monotonic() - self._queued_since
             self._queued_since = None
 
     # -- completion waiters ----------------------------------------------------------------

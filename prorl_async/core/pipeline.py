@@ -213,22 +213,21 @@ class Pipeline:
     # -- workers ---------------------------------------------------------------------------
 
     def _enqueue(self, job: Job, stage: Stage) -> None:
-        now = time.monotonic()
-        job.enter_queue(stage, now)
+        job.enter_queue(stage)
         job.queue_stage = stage
         self.queued[stage] += 1
         self.queues[stage].put_nowait(job)
-        self.stats[stage._value_].arrivals.add(1, now)
+        self.stats[stage._value_].arrivals.add()
         self.changed.fire_soon()
 
-    def _dequeue(self, job: Job, now: float | None = None) -> bool:
+    def _dequeue(self, job: Job) -> bool:
         stage = job.queue_stage
         if stage is None:
             return False
         job.queue_stage = None
         self.queued[stage] -= 1
         waited = job.queued_s
-        job.leave_queue(now)
+        job.leave_queue()
         if job.holds_resources:  # a sandbox alive and waiting: idle sandbox-seconds
             self.stats[stage._value_].idle_sandbox_seconds += job.queued_s - waited
         self.changed.fire_soon()
@@ -238,14 +237,13 @@ class Pipeline:
         if stage is INIT and not self.jit.open():
             # The job stays queued (timer paused) until RUN will take it soon.
             await self.jit.wait(lambda: job.cancel_requested)
-        now = time.monotonic()  # it leaves the queue and enters the stage
-        if not self._dequeue(job, now):
+        if not self._dequeue(job):
             return  # cancelled while it waited in the queue
         if not job.cancel_requested:
-            self._advance(job, stage, await self._process(job, stage, worker, now))
+            self._advance(job, stage, await self._process(job, stage, worker))
 
     async def _process(
-        self, job: Job, stage: Stage, worker: asyncio.Task[Any], t0: float
+        self, job: Job, stage: Stage, worker: asyncio.Task[Any]
     ) -> tuple[Outcome, BaseException | None] | None:
         """Run ``job``'s ``stage`` in this worker; its outcome, ``None`` if cancelled.
 
@@ -266,6 +264,7 @@ class Pipeline:
         keep = False
         before = timer.elapsed()
         deadline = timer.deadline(worker)
+        t0 = time.monotonic()
         try:
             try:
                 with deadline:  # the timer runs inside: entering and leaving count no pause
