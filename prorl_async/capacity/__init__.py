@@ -11,7 +11,7 @@ from prorl_async.capacity.autoscale import AutoscaleConfig, Autoscaler, Decision
 from prorl_async.capacity.budget import SandboxBudget, default_max_sandboxes, total_memory_bytes
 from prorl_async.capacity.jit import JitGate, run_queue_target
 from prorl_async.capacity.stats import Ewma, Pulse, RateMeter, StageStats
-from prorl_async.capacity.workers import WorkerPool
+from prorl_async.capacity.workers import StageQueue, WorkerPool
 
 __all__ = [
     "AutoscaleConfig",
@@ -22,6 +22,7 @@ __all__ = [
     "Pulse",
     "RateMeter",
     "SandboxBudget",
+    "StageQueue",
     "StageStats",
     "WorkerPool",
     "default_max_sandboxes",

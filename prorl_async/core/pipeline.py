@@ -1,6 +1,6 @@
 """The three-stage pipeline: INIT -> RUN -> EVAL on one event loop.
 
-Each stage is an ``asyncio.Queue`` drained by a resizable pool of worker coroutines
+Each stage is a queue (``capacity.StageQueue``) drained by a resizable pool of worker coroutines
 (``capacity.WorkerPool``: the worker count is the stage's concurrency); INIT workers
 start a job only when RUN will take it soon (``capacity.JitGate``). A worker runs a
 job's stage in its own task: no task per stage and job. A cancel (cancel, stop) cancels
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from prorl_async.capacity.jit import JitGate
 from prorl_async.capacity.stats import CURRENT_STAGE, Pulse, StageScope, StageStats
-from prorl_async.capacity.workers import WorkerPool
+from prorl_async.capacity.workers import StageQueue, WorkerPool
 from prorl_async.core.job import INIT, RUN, Job, Stage
 from prorl_async.core.jobstore import JobStore
 from prorl_async.core.result import encode_result
@@ -90,8 +90,8 @@ class Pipeline:
         self.stop_grace_s = stop_grace_s
         self.accepting = False
         # INIT admits by weighted fair share across tenants (``shares``: weights, loads).
-        self.queues: dict[Stage, asyncio.Queue[Job]] = {
-            s: FairQueue(_tenant, shares) if s is Stage.INIT else asyncio.Queue() for s in Stage
+        self.queues: dict[Stage, StageQueue[Job]] = {
+            s: FairQueue(_tenant, shares) if s is Stage.INIT else StageQueue() for s in Stage
         }
         self.listeners: list[JobListener] = []
         self.queued: dict[Stage, int] = dict.fromkeys(Stage, 0)

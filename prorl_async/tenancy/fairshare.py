@@ -1,8 +1,8 @@
 """Weighted fair admission: per-tenant queues, each admission to the tenant furthest
 below its share of the jobs in flight.
 
-``FairQueue`` is an ``asyncio.Queue`` (the INIT stage's worker pool drains it as any
-queue) holding one FIFO per tenant. Given ``Shares`` (each tenant's weight and its jobs
+``FairQueue`` is a ``capacity.StageQueue`` (the INIT stage's worker pool drains it as
+any stage queue) holding one FIFO per tenant. Given ``Shares`` (each tenant's weight and its jobs
 in flight, queued ones included), ``get`` takes the next job of the backlogged tenant
 with the fewest jobs admitted and unfinished per unit of weight: weighted max-min
 fairness of the server's slots. Backlogged tenants with weights 3 and 1 hold 3:1 of
@@ -15,10 +15,11 @@ whole unit; a tenant whose queue empties leaves the round and keeps no credit.
 
 from __future__ import annotations
 
-import asyncio
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
+
+from prorl_async.capacity.workers import StageQueue
 
 __all__ = ["FairQueue", "Shares"]
 
@@ -111,27 +112,22 @@ class _Rounds(Generic[T]):
         return {tenant: len(fifo) for tenant, fifo in self._fifos.items()}
 
 
-class FairQueue(asyncio.Queue[T]):
-    """An unbounded ``asyncio.Queue`` served by weighted fair share over tenants.
+class FairQueue(StageQueue[T]):
+    """An unbounded stage queue served by weighted fair share over tenants.
 
     ``key(item)`` names an item's tenant. With ``shares``, each get serves the tenant
     furthest below its weighted share of the jobs in flight; without, plain deficit
     round robin with equal weights.
     """
 
+    __slots__ = ("_rounds",)
+
     def __init__(self, key: Callable[[T], str], shares: Shares | None = None) -> None:
         self._rounds: _Rounds[T] = _Rounds(key, shares)
         super().__init__()
 
-    def _init(self, maxsize: int) -> None:
-        # asyncio.Queue keeps its items in ``_queue`` (qsize, empty and repr read it).
-        self._queue = self._rounds
-
-    def _put(self, item: T) -> None:
-        self._rounds.append(item)
-
-    def _get(self) -> T:
-        return self._rounds.popleft()
+    def _init(self) -> _Rounds[T]:
+        return self._rounds  # the items: ``append``, ``popleft`` and ``len``
 
     def backlog(self) -> dict[str, int]:
         """Items waiting, per tenant."""

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 import pytest
 
+from prorl_async.capacity import StageQueue
 from prorl_async.client import BadRequestError
 from tests.capacity.test_budget import scrape
 from tests.gate import GateHandler
@@ -83,3 +87,58 @@ async def test_client_rejects_zero(make_server: ServerFactory) -> None:
     async with make_server() as srv:
         with pytest.raises(BadRequestError):
             await srv.client.set_workers(init=0)
+
+
+# -- StageQueue: the queue a pool drains (asyncio.Queue's semantics for get and put) --------
+
+
+async def _until(ready: Callable[[], bool]) -> None:
+    """Let the loop run the other tasks until ``ready`` (a bounded number of steps)."""
+    for _ in range(100):
+        if ready():
+            return
+        await asyncio.sleep(0)  # one loop step, not a timed wait
+    raise AssertionError("the other tasks never got there")
+
+
+def _waiting(q: StageQueue[object], n: int) -> Callable[[], bool]:
+    return lambda: len(q._getters) == n
+
+
+async def test_stage_queue_is_fifo_and_wakes_getters_in_order() -> None:
+    q: StageQueue[int] = StageQueue()
+    got: list[tuple[str, int]] = []
+
+    async def getter(name: str) -> None:
+        got.append((name, await q.get()))
+
+    tasks = [asyncio.create_task(getter(n)) for n in ("a", "b")]
+    await _until(_waiting(q, 2))  # both are waiting (nothing queued)
+    for i in (1, 2, 3):
+        q.put_nowait(i)
+    await asyncio.gather(*tasks)
+    assert got == [("a", 1), ("b", 2)]
+    assert q.qsize() == 1 and q.get_nowait() == 3 and q.empty()
+    with pytest.raises(asyncio.QueueEmpty):
+        q.get_nowait()
+
+
+async def test_cancelled_get_leaves_the_item_and_passes_the_wake_on() -> None:
+    q: StageQueue[str] = StageQueue()
+    first = asyncio.create_task(q.get())
+    second = asyncio.create_task(q.get())
+    await _until(_waiting(q, 2))  # both wait, first in line
+    q.put_nowait("job")  # wakes the first getter ...
+    first.cancel()  # ... which is cancelled before it takes the item
+    assert await asyncio.wait_for(second, 10) == "job"  # the wake went on to the next getter
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    # A getter cancelled while waiting takes nothing and leaves no waiter behind.
+    third = asyncio.create_task(q.get())
+    await _until(_waiting(q, 1))
+    third.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await third
+    assert not q._getters
+    q.put_nowait("next")
+    assert q.qsize() == 1 and await q.get() == "next"
