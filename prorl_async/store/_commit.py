@@ -171,19 +171,27 @@ def serve(path: str) -> None:
     """The writer's loop: until end of its input (fd 0), commit every batch that has
     arrived and answer on fd 1."""
     conn = connect(path)
+    # A multi-row statement that may stop halfway (INSERT OR REPLACE, UPDATE ... FROM)
+    # keeps a statement journal to undo itself: in memory, not a temporary file made,
+    # written and unlinked for each such statement (measured: 78 of them a 20,000-job
+    # run, ~7% of the writer's writes). It only undoes a statement inside the open
+    # transaction; what a commit puts on disk is unchanged.
+    conn.execute("PRAGMA temp_store=MEMORY")
     buf = bytearray()
+    chunk = bytearray(1 << 20)  # one buffer for every read (not a new 1 MiB bytes each)
+    view = memoryview(chunk)
     kinds: dict[str, RowKind] | None = None
     try:
         while True:
-            chunk = os.read(0, 1 << 20)  # what is in the pipe (blocks only while it is empty)
-            buf += chunk
+            n = os.readv(0, [view])  # what is in the pipe (blocks only while it is empty)
+            buf += view[:n]
             taken = list(frames(buf))
             if kinds is None and taken:
                 kinds = {spec[0]: RowKind.from_spec(spec) for spec in taken.pop(0)}
             if taken:
                 assert kinds is not None
                 _write_all(1, frame(_commit(conn, kinds, taken)))
-            if not chunk:
+            if not n:
                 return
     finally:
         conn.close()
