@@ -111,7 +111,7 @@ class Pipeline:
         self._started = False
 
     def _pool(self, stage: Stage, size: int) -> WorkerPool[Job]:
-        work = functools.partial(self._work, stage=stage)
+        work = functools.partial(self._work, stage)  # positional: no keyword dict per call
         return WorkerPool(stage._value_, self.queues[stage], work, size)
 
     @property
@@ -233,7 +233,7 @@ class Pipeline:
         self.changed.fire_soon()
         return True
 
-    async def _work(self, job: Job, worker: asyncio.Task[Any], stage: Stage) -> None:
+    async def _work(self, stage: Stage, job: Job, worker: asyncio.Task[Any]) -> None:
         if stage is INIT and not self.jit.open():
             # The job stays queued (timer paused) until RUN will take it soon.
             await self.jit.wait(lambda: job.cancel_requested)
@@ -306,7 +306,8 @@ class Pipeline:
                 self._finish(job, "cancelled")
                 raise
         else:
-            _take_back(worker, job)  # a cancel the stage swallowed
+            if job.stage_cancels:
+                _take_back(worker, job)  # a cancel the stage swallowed
         finally:
             self.active[stage] -= 1
             job.stage_task = None
