@@ -53,6 +53,45 @@ class Job:
     """Mutable state of one rollout. Handlers read ``instance`` and write ``reward``,
     ``eval``, ``trajectory`` and ``state``; the pipeline owns everything else."""
 
+    # Slots: CPython 3.11 shares an instance dict's keys only up to 30 attributes; past
+    # that each job's dict was grown and rehashed while ``__init__`` filled it (measured
+    # with callgrind: ~11k instructions a job). Per-handler data goes in ``state``.
+    __slots__ = (
+        "id",
+        "task",
+        "handler",
+        "instance",
+        "sampling_params",
+        "metadata",
+        "services",
+        "status",
+        "timer",
+        "reward",
+        "eval",
+        "trajectory",
+        "state",
+        "error",
+        "result",
+        "request",
+        "restarts",
+        "tenant",
+        "seq",
+        "callback_url",
+        "cancel_requested",
+        "stage_task",
+        "stage_cancels",
+        "stage_done",
+        "stage_active",
+        "stage_wall",
+        "queued_s",
+        "submitted_at",
+        "finished_at",
+        "_queued_since",
+        "queue_stage",
+        "_resources",
+        "_waiters",
+    )
+
     def __init__(
         self,
         *,
