@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from prorl_async.core.job import EVAL, INIT, RUN, Job
+from prorl_async.core.job import EVAL, INIT, RUN, Job, TrajectoryLike
 
 __all__ = ["encode_result", "timing"]
 
@@ -60,11 +60,27 @@ def timing(job: Job) -> bytes:
     )
 
 
-def _trajectory_fields(job: Job) -> dict[str, Any]:
-    if job.trajectory is None:
-        return _EMPTY_TRAJECTORY  # only read (merged into the document)
+# The document's keys in their order, with the values of a job without a trajectory:
+# each document starts as a copy (one allocation at its final size, where filling an
+# empty dict grew it twice) and its own values replace these in place.
+_TEMPLATE: dict[str, Any] = {
+    "job_id": None,
+    "task": None,
+    "status": None,
+    "reward": None,
+    **_EMPTY_TRAJECTORY,
+    "error": None,
+    "timing": None,
+    "eval": None,
+    "metadata": None,
+    "restarts": 0,
+    "seq": None,
+}
+
+
+def _trajectory_fields(trajectory: TrajectoryLike) -> dict[str, Any]:
     fields = dict(_EMPTY_TRAJECTORY)
-    fields.update(job.trajectory.to_result())
+    fields.update(trajectory.to_result())
     fields["num_turns"] = sum(1 for t in fields["turns"] if t.get("role") == "assistant")
     return fields
 
@@ -79,14 +95,15 @@ def _extra(job: Job) -> dict[str, Any]:
 
 def encode_result(job: Job) -> bytes:
     """The JSON result document, encoded once when the job ends."""
-    doc: dict[str, Any] = {
-        "job_id": job.id,
-        "task": job.task,
-        "status": job.status,
-        "reward": job.reward,
-    }
-    doc.update(_trajectory_fields(job))
-    doc["error"] = None if job.error is None else msgspec.structs.asdict(job.error)
+    doc = _TEMPLATE.copy()
+    doc["job_id"] = job.id
+    doc["task"] = job.task
+    doc["status"] = job.status
+    doc["reward"] = job.reward
+    if job.trajectory is not None:
+        doc.update(_trajectory_fields(job.trajectory))
+    if job.error is not None:
+        doc["error"] = msgspec.structs.asdict(job.error)
     doc["timing"] = msgspec.Raw(timing(job))
     doc["eval"] = job.eval
     doc["metadata"] = job.metadata
