@@ -11,11 +11,19 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["StageQueue", "WorkerPool"]
+__all__ = ["Fifo", "StageQueue", "WorkerPool"]
 
 T = TypeVar("T")
+
+
+class Fifo(Protocol[T]):
+    """What a ``StageQueue`` keeps its items in (a ``deque``, or ``FairQueue``'s rounds)."""
+
+    def append(self, item: T) -> None: ...
+    def popleft(self) -> T: ...
+    def __len__(self) -> int: ...
 
 
 class StageQueue(Generic[T]):
@@ -31,12 +39,9 @@ class StageQueue(Generic[T]):
 
     __slots__ = ("_items", "_getters")
 
-    def __init__(self) -> None:
-        self._items: Any = self._init()  # ``append``, ``popleft`` and ``len``
+    def __init__(self, items: Fifo[T] | None = None) -> None:
+        self._items: Fifo[T] = deque() if items is None else items
         self._getters: deque[asyncio.Future[None]] = deque()
-
-    def _init(self) -> Any:
-        return deque()
 
     def qsize(self) -> int:
         return len(self._items)
@@ -51,8 +56,7 @@ class StageQueue(Generic[T]):
     def get_nowait(self) -> T:
         if not self._items:
             raise asyncio.QueueEmpty
-        item: T = self._items.popleft()
-        return item
+        return self._items.popleft()
 
     async def get(self) -> T:
         items = self._items
@@ -70,8 +74,7 @@ class StageQueue(Generic[T]):
                 if items and not getter.cancelled():
                     self._wake()  # woken for an item it will not take: the next getter
                 raise
-        item: T = items.popleft()
-        return item
+        return items.popleft()
 
     def _wake(self) -> None:
         getters = self._getters

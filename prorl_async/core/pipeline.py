@@ -1,8 +1,8 @@
 """The three-stage pipeline: INIT -> RUN -> EVAL on one event loop.
 
-Each stage is a queue (``capacity.StageQueue``) drained by a resizable pool of worker coroutines
-(``capacity.WorkerPool``: the worker count is the stage's concurrency); INIT workers
-start a job only when RUN will take it soon (``capacity.JitGate``). A worker runs a
+Each stage is a queue (``capacity.StageQueue``) drained by a resizable pool of worker
+coroutines (``capacity.WorkerPool``: the worker count is the stage's concurrency); INIT
+workers start a job only when RUN will take it soon (``capacity.JitGate``). A worker runs a
 job's stage in its own task: no task per stage and job. A cancel (cancel, stop) cancels
 the worker and waits until the stage has unwound; the worker takes that cancellation
 back (``Task.uncancel``) and goes on to the next job. Only a cancellation of the worker

@@ -76,6 +76,7 @@ _TEMPLATE: dict[str, Any] = {
     "restarts": 0,
     "seq": None,
 }
+_CONTRACT_KEYS = frozenset(_TEMPLATE)  # API.md's fields; a handler's extras are the rest
 
 
 def _trajectory_fields(trajectory: TrajectoryLike) -> dict[str, Any]:
@@ -117,20 +118,3 @@ def encode_result(job: Job) -> bytes:
         log.error("result of job %s is not JSON-encodable (%s); dropping eval details", job.id, exc)
         doc["eval"] = {"error": f"eval details not encodable: {exc}"}
         return _encoder.encode({k: v for k, v in doc.items() if k in _CONTRACT_KEYS})
-
-
-_CONTRACT_KEYS = frozenset(
-    [
-        "job_id",
-        "task",
-        "status",
-        "reward",
-        "error",
-        "timing",
-        "eval",
-        "metadata",
-        "restarts",
-        "seq",
-        *_EMPTY_TRAJECTORY,
-    ]
-)

@@ -178,8 +178,7 @@ def serve(path: str) -> None:
     # transaction; what a commit puts on disk is unchanged.
     conn.execute("PRAGMA temp_store=MEMORY")
     buf = bytearray()
-    chunk = bytearray(1 << 20)  # one buffer for every read (not a new 1 MiB bytes each)
-    view = memoryview(chunk)
+    view = memoryview(bytearray(1 << 20))  # one buffer for every read, not 1 MiB a read
     kinds: dict[str, RowKind] | None = None
     try:
         while True:

@@ -2,8 +2,8 @@
 below its share of the jobs in flight.
 
 ``FairQueue`` is a ``capacity.StageQueue`` (the INIT stage's worker pool drains it as
-any stage queue) holding one FIFO per tenant. Given ``Shares`` (each tenant's weight and its jobs
-in flight, queued ones included), ``get`` takes the next job of the backlogged tenant
+any stage queue) holding one FIFO per tenant. Given ``Shares`` (each tenant's weight
+and its jobs in flight, queued ones included), ``get`` takes the next job of the backlogged tenant
 with the fewest jobs admitted and unfinished per unit of weight: weighted max-min
 fairness of the server's slots. Backlogged tenants with weights 3 and 1 hold 3:1 of
 the slots (3:1 completions for jobs of equal length), and a tenant that arrives while
@@ -124,10 +124,7 @@ class FairQueue(StageQueue[T]):
 
     def __init__(self, key: Callable[[T], str], shares: Shares | None = None) -> None:
         self._rounds: _Rounds[T] = _Rounds(key, shares)
-        super().__init__()
-
-    def _init(self) -> _Rounds[T]:
-        return self._rounds  # the items: ``append``, ``popleft`` and ``len``
+        super().__init__(self._rounds)  # the queue's items are the rounds
 
     def backlog(self) -> dict[str, int]:
         """Items waiting, per tenant."""

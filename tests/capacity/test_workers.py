@@ -92,15 +92,6 @@ async def test_client_rejects_zero(make_server: ServerFactory) -> None:
 # -- StageQueue: the queue a pool drains (asyncio.Queue's semantics for get and put) --------
 
 
-async def _until(ready: Callable[[], bool]) -> None:
-    """Let the loop run the other tasks until ``ready`` (a bounded number of steps)."""
-    for _ in range(100):
-        if ready():
-            return
-        await asyncio.sleep(0)  # one loop step, not a timed wait
-    raise AssertionError("the other tasks never got there")
-
-
 def _waiting(q: StageQueue[object], n: int) -> Callable[[], bool]:
     return lambda: len(q._getters) == n
 
@@ -113,7 +104,7 @@ async def test_stage_queue_is_fifo_and_wakes_getters_in_order() -> None:
         got.append((name, await q.get()))
 
     tasks = [asyncio.create_task(getter(n)) for n in ("a", "b")]
-    await _until(_waiting(q, 2))  # both are waiting (nothing queued)
+    await eventually(_waiting(q, 2), interval=0)  # both are waiting (nothing queued)
     for i in (1, 2, 3):
         q.put_nowait(i)
     await asyncio.gather(*tasks)
@@ -127,7 +118,7 @@ async def test_cancelled_get_leaves_the_item_and_passes_the_wake_on() -> None:
     q: StageQueue[str] = StageQueue()
     first = asyncio.create_task(q.get())
     second = asyncio.create_task(q.get())
-    await _until(_waiting(q, 2))  # both wait, first in line
+    await eventually(_waiting(q, 2), interval=0)  # both wait, first in line
     q.put_nowait("job")  # wakes the first getter ...
     first.cancel()  # ... which is cancelled before it takes the item
     assert await asyncio.wait_for(second, 10) == "job"  # the wake went on to the next getter
@@ -135,7 +126,7 @@ async def test_cancelled_get_leaves_the_item_and_passes_the_wake_on() -> None:
         await first
     # A getter cancelled while waiting takes nothing and leaves no waiter behind.
     third = asyncio.create_task(q.get())
-    await _until(_waiting(q, 1))
+    await eventually(_waiting(q, 1), interval=0)
     third.cancel()
     with pytest.raises(asyncio.CancelledError):
         await third
