@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -42,7 +44,9 @@ class VllmProcess:
 
     Flags: ``--dtype float32 --enforce-eager`` (no torch.compile at every start),
     ``--max-model-len`` (2048), the scripting logits processor, dev mode (``/pause``,
-    ``/resume``, ``/collective_rpc``). Its output goes to ``log_path``.
+    ``/resume``, ``/collective_rpc``). Its output goes to ``log_path``. Its temporary files
+    (vLLM's ZMQ sockets and ``vllm_dist_*`` rendezvous files, which a killed engine never
+    removes) go to a directory of its own, ``tmp_dir``, removed by ``stop``.
     """
 
     def __init__(
@@ -63,6 +67,7 @@ class VllmProcess:
         self.max_model_len, self.served_name = max_model_len, served_name
         self.extra_args = extra_args
         self.proc: subprocess.Popen[bytes] | None = None
+        self.tmp_dir: Path | None = None
 
     @property
     def root(self) -> str:
@@ -93,11 +98,17 @@ class VllmProcess:
             raise RuntimeError("this engine was started already")
         extra = {ENV_VAR: str(self.scripts)} if self.scripts is not None else {}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv(), env=self.env.process_env(**extra), stdout=log,
-                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
+        self.tmp_dir = Path(tempfile.mkdtemp(prefix="prorl-vllm-"))
+        extra["TMPDIR"] = str(self.tmp_dir)  # vLLM's sockets and rendezvous files
+        try:
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    self.argv(), env=self.env.process_env(**extra), stdout=log,
+                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+        except BaseException:
+            self._remove_tmp()
+            raise
         try:
             self._wait_ready(ready_timeout_s)
         except BaseException:
@@ -142,7 +153,8 @@ class VllmProcess:
                 os.killpg(self.proc.pid, sig)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """SIGTERM the group, SIGKILL it after ``grace_s``, reap. Idempotent."""
+        """SIGTERM the group, SIGKILL it after ``grace_s``, reap, remove ``tmp_dir``.
+        Idempotent."""
         proc = self.proc
         if proc is None:
             return
@@ -158,6 +170,11 @@ class VllmProcess:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         self.proc = None
+        self._remove_tmp()
+
+    def _remove_tmp(self) -> None:
+        if self.tmp_dir is not None:
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def __enter__(self) -> Self:
         return self.start() if self.proc is None else self

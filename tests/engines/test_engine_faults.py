@@ -116,6 +116,11 @@ async def test_an_engine_stopped_mid_generation_moves_its_jobs(
     # (a partial turn is regenerated there from the same prompt ids, never kept).
     assert all(t["backend"] == vllm.address for d in docs for t in d["turns"] if "backend" in t)
     assert [b["healthy"] for b in backends if b["address"] == victim.address] in ([False], [True])
+    if sig == signal.SIGKILL:  # killed: nothing of it removed its own files
+        tmp = victim.tmp_dir
+        assert tmp is not None and any(tmp.iterdir()), "vLLM's sockets are not in its tmp_dir"
+        victim.stop()  # the pool would, before the next test's fresh engine
+        assert not tmp.exists()
 
 
 async def _all(srv: Server, ids: list[str]) -> list[dict[str, Any]]:
