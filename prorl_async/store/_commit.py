@@ -20,6 +20,12 @@ body (trusted: only the server writes the pipe):
 
 The writer takes every batch that has arrived, commits them in one transaction (one
 fsync), answers, and repeats; at end of input it commits what arrived and exits.
+
+Checkpoints (copying the WAL into the database file) run in a thread of the writer with a
+connection of its own, never inside a commit: SQLite's automatic checkpoint runs in the
+COMMIT that takes the WAL past its threshold, and the clients waiting on that commit
+waited for the copy and its fsyncs too (measured: ~25 ms, against ~6 ms for the median
+commit, once every ~20 commits under load).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import signal
 import sqlite3
 import struct
 import sys
+import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +53,11 @@ _MAX_ROWS = 256
 # Each kind prepares one statement per row count: room for all of them in the
 # connection's statement cache, so none is parsed twice.
 STATEMENT_CACHE = 5 * _MAX_ROWS
+# Rows changed between two checkpoints: ~1,000 WAL pages of job rows (SQLite's automatic
+# threshold). A WAL that no checkpoint could empty (commits never paused while one ran)
+# and holds this many pages is checkpointed by the writer itself, between two commits.
+_CHECKPOINT_ROWS = 4000
+_WAL_CAP_PAGES = 16384
 
 
 class RowKind:
@@ -167,10 +179,47 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+class _Checkpointer:
+    """A thread that checkpoints the WAL (PASSIVE: commits go on meanwhile) when asked."""
+
+    def __init__(self, path: str) -> None:
+        self._conn = connect(path)
+        self._asked = threading.Event()
+        self._closing = False
+        self.wal_pages = 0  # the WAL's length the last checkpoint found (pages)
+        self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
+        self._thread.start()
+
+    def ask(self) -> None:
+        self._asked.set()
+
+    def _run(self) -> None:
+        while True:
+            self._asked.wait()
+            self._asked.clear()
+            if self._closing:
+                return
+            try:
+                _, self.wal_pages, _ = self._conn.execute(
+                    "PRAGMA wal_checkpoint(PASSIVE)"
+                ).fetchone()
+            except sqlite3.Error:
+                pass  # the file itself is failing: the next commit says so to the server
+
+    def close(self) -> None:
+        self._closing = True
+        self._asked.set()
+        self._thread.join()
+        self._conn.close()
+
+
 def serve(path: str) -> None:
     """The writer's loop: until end of its input (fd 0), commit every batch that has
     arrived and answer on fd 1."""
     conn = connect(path)
+    conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's, not a commit's
+    checkpointer = _Checkpointer(path)
+    checkpointed = 0  # conn.total_changes when a checkpoint was last asked for
     # A multi-row statement that may stop halfway (INSERT OR REPLACE, UPDATE ... FROM)
     # keeps a statement journal to undo itself: in memory, not a temporary file made,
     # written and unlinked for each such statement (measured: 78 of them a 20,000-job
@@ -190,9 +239,17 @@ def serve(path: str) -> None:
             if taken:
                 assert kinds is not None
                 _write_all(1, frame(_commit(conn, kinds, taken)))
+                if conn.total_changes - checkpointed >= _CHECKPOINT_ROWS:
+                    checkpointed = conn.total_changes
+                    if checkpointer.wal_pages >= _WAL_CAP_PAGES:  # no pause to empty it in
+                        checkpointer.wal_pages = 0
+                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+                    else:
+                        checkpointer.ask()
             if not n:
                 return
     finally:
+        checkpointer.close()
         conn.close()
 
 

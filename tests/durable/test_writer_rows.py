@@ -20,6 +20,7 @@ from prorl_async.store import _commit, _completions
 from prorl_async.store import sqlite as store_sqlite
 from prorl_async.store._commit import RowKind
 from prorl_async.store._writer import StoreWriteError, Writer
+from tests.serverutil import eventually
 
 Row = tuple[Any, ...]
 
@@ -222,3 +223,25 @@ async def test_a_writer_that_cannot_open_its_file_says_why(tmp_path: Path) -> No
     finally:
         await writer.aclose()
     assert writer._proc.returncode == 1
+
+
+async def test_the_wal_is_checkpointed_while_the_writer_runs(tmp_path: Path) -> None:
+    """Commits never checkpoint (the writer's connection has no automatic checkpoint);
+    a thread of the writer does, once enough rows changed: the database file itself
+    grows while the writer is open, not only when it closes."""
+    path = _create(tmp_path / "jobs.sqlite3")
+    empty = path.stat().st_size
+    writer = Writer(path, asyncio.get_running_loop(), store_sqlite._ROWS)
+    try:
+        request = os.urandom(400)
+        for i in range(2 * _commit._CHECKPOINT_ROWS):
+            writer.write(store_sqlite._ACCEPT, (f"j{i:05}", request, 0, "t"))
+            if i % 500 == 499:
+                await writer.sync()
+        await writer.sync()
+        rows = 2 * _commit._CHECKPOINT_ROWS * len(request)
+        await eventually(lambda: path.stat().st_size >= empty + rows // 2, timeout=60)
+    finally:
+        await writer.aclose()
+    jobs, _ = _tables(path)
+    assert len(jobs) == 2 * _commit._CHECKPOINT_ROWS
