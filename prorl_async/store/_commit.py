@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["STATEMENT_CACHE", "RowKind", "connect", "execute", "frame", "frames"]
+__all__ = ["STATEMENT_CACHE", "RowKind", "checkpoint", "connect", "execute", "frame", "frames"]
 
 Statement = tuple[str, tuple[Any, ...]]
 _LEN = struct.Struct("<I")
@@ -179,6 +179,12 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def checkpoint(conn: sqlite3.Connection) -> int:
+    """A PASSIVE checkpoint (commits go on meanwhile); returns the WAL's length in pages."""
+    pages: int = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+    return pages
+
+
 class _Checkpointer:
     """A thread that checkpoints the WAL (PASSIVE: commits go on meanwhile) when asked."""
 
@@ -186,12 +192,21 @@ class _Checkpointer:
         self._conn = connect(path)
         self._asked = threading.Event()
         self._closing = False
+        self._changes = 0  # the writer's total_changes when a checkpoint was last due
         self.wal_pages = 0  # the WAL's length the last checkpoint found (pages)
         self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
         self._thread.start()
 
-    def ask(self) -> None:
-        self._asked.set()
+    def committed(self, conn: sqlite3.Connection) -> None:
+        """After a commit on the writer's ``conn``: a checkpoint in the thread once enough
+        rows changed, or at once on ``conn`` if the WAL grew past the cap regardless."""
+        if conn.total_changes - self._changes < _CHECKPOINT_ROWS:
+            return
+        self._changes = conn.total_changes
+        if self.wal_pages >= _WAL_CAP_PAGES:  # commits left no pause to empty it in
+            self.wal_pages = checkpoint(conn)
+        else:
+            self._asked.set()
 
     def _run(self) -> None:
         while True:
@@ -200,9 +215,7 @@ class _Checkpointer:
             if self._closing:
                 return
             try:
-                _, self.wal_pages, _ = self._conn.execute(
-                    "PRAGMA wal_checkpoint(PASSIVE)"
-                ).fetchone()
+                self.wal_pages = checkpoint(self._conn)
             except sqlite3.Error:
                 pass  # the file itself is failing: the next commit says so to the server
 
@@ -219,7 +232,6 @@ def serve(path: str) -> None:
     conn = connect(path)
     conn.execute("PRAGMA wal_autocheckpoint=0")  # the checkpointer's, not a commit's
     checkpointer = _Checkpointer(path)
-    checkpointed = 0  # conn.total_changes when a checkpoint was last asked for
     # A multi-row statement that may stop halfway (INSERT OR REPLACE, UPDATE ... FROM)
     # keeps a statement journal to undo itself: in memory, not a temporary file made,
     # written and unlinked for each such statement (measured: 78 of them a 20,000-job
@@ -239,13 +251,7 @@ def serve(path: str) -> None:
             if taken:
                 assert kinds is not None
                 _write_all(1, frame(_commit(conn, kinds, taken)))
-                if conn.total_changes - checkpointed >= _CHECKPOINT_ROWS:
-                    checkpointed = conn.total_changes
-                    if checkpointer.wal_pages >= _WAL_CAP_PAGES:  # no pause to empty it in
-                        checkpointer.wal_pages = 0
-                        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-                    else:
-                        checkpointer.ask()
+                checkpointer.committed(conn)
             if not n:
                 return
     finally:

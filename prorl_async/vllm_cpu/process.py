@@ -46,7 +46,7 @@ class VllmProcess:
     ``--max-model-len`` (2048), the scripting logits processor, dev mode (``/pause``,
     ``/resume``, ``/collective_rpc``). Its output goes to ``log_path``. Its temporary files
     (vLLM's ZMQ sockets and ``vllm_dist_*`` rendezvous files, which a killed engine never
-    removes) go to a directory of its own, ``tmp_dir``, removed by ``stop``.
+    removes) go to a directory of its own, ``tmp_dir`` (None when not running), removed by ``stop``.
     """
 
     def __init__(
@@ -175,6 +175,7 @@ class VllmProcess:
     def _remove_tmp(self) -> None:
         if self.tmp_dir is not None:
             shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            self.tmp_dir = None
 
     def __enter__(self) -> Self:
         return self.start() if self.proc is None else self

@@ -245,3 +245,28 @@ async def test_the_wal_is_checkpointed_while_the_writer_runs(tmp_path: Path) -> 
         await writer.aclose()
     jobs, _ = _tables(path)
     assert len(jobs) == 2 * _commit._CHECKPOINT_ROWS
+
+
+def test_a_wal_past_the_cap_is_checkpointed_by_the_writer_itself(tmp_path: Path) -> None:
+    """Commits that never paused for the thread's checkpoint to empty the WAL: the next
+    due checkpoint runs at once on the writer's own connection."""
+    path = _create(tmp_path / "jobs.sqlite3")
+    conn = store_sqlite._connect(path)
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    checkpointer = _commit._Checkpointer(str(path))
+    try:
+        checkpointer.wal_pages = _commit._WAL_CAP_PAGES  # what the thread last found
+        empty = path.stat().st_size
+        request = os.urandom(400)
+        with conn:
+            conn.executemany(
+                store_sqlite._ACCEPT,
+                [(f"j{i:05}", request, 0, "t") for i in range(_commit._CHECKPOINT_ROWS)],
+            )
+        checkpointer.committed(conn)
+        # Done before committed() returned: the rows are in the database file itself.
+        assert path.stat().st_size >= empty + _commit._CHECKPOINT_ROWS * len(request) // 2
+        assert checkpointer.wal_pages < _commit._WAL_CAP_PAGES
+    finally:
+        checkpointer.close()
+        conn.close()

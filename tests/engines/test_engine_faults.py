@@ -119,7 +119,7 @@ async def test_an_engine_stopped_mid_generation_moves_its_jobs(
     if sig == signal.SIGKILL:  # killed: nothing of it removed its own files
         tmp = victim.tmp_dir
         assert tmp is not None and any(tmp.iterdir()), "vLLM's sockets are not in its tmp_dir"
-        victim.stop()  # the pool would, before the next test's fresh engine
+        await asyncio.to_thread(victim.stop)  # the pool would, before the next engine
         assert not tmp.exists()
 
 
