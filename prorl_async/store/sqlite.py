@@ -214,9 +214,14 @@ class SqliteJobStore:
 
     async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]:
         """From the cache or the write queue; the rest in one read in a worker thread (a
-        read may wait for the disk or for the writer's lock: never on the event loop)."""
+        read may wait for the disk or for the writer's lock: never on the event loop).
+
+        Only committed results are returned: one still in the write queue waits for its
+        commit, so what a client read is never taken back by a crash (a requeued job
+        would run again and answer other bytes)."""
         found: dict[str, bytes] = {}
         missing = []
+        uncommitted = False
         for job_id in job_ids:
             if job_id not in self._done:
                 continue
@@ -229,6 +234,9 @@ class SqliteJobStore:
                 missing.append(job_id)
             else:
                 found[job_id] = body
+                uncommitted = uncommitted or job_id in self._pending
+        if uncommitted:
+            await self.sync()
         if missing:
             async with self._reading:  # one thread on the reader connection at a time
                 if self._reader is None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sqlite3
 import sys
@@ -12,6 +13,7 @@ import aiohttp
 import msgspec
 
 from prorl_async.client import RolloutClient
+from tests.gate import GateHandler
 from tests.serverutil import ServerFactory, eventually, server_process
 
 SLEEP0 = {"task": "sleep", "instance": {}}
@@ -78,6 +80,44 @@ async def test_results_idempotency_and_tombstones_survive_sigterm_restart(
         st = await client.status()
         assert st["store"]["kind"] == "sqlite" and st["store"]["rows"] == 3
         assert st["store"]["bytes"] > 0
+
+
+async def test_an_answer_that_a_job_ended_waits_for_its_commit(
+    make_server: ServerFactory, gate: GateHandler, tmp_path: Path
+) -> None:
+    """A cancel's answer, and a result served by /poll or GET /jobs/{id}, come only once the
+    job's end is committed: a kill -9 after the answer cannot requeue a job its client was
+    told is cancelled, nor rerun one whose result it already read. The writer process is
+    stopped (SIGSTOP) while both jobs end, so nothing can commit until it is continued."""
+    async with make_server() as srv:
+        store, client = srv.service.store, srv.client
+        for job_id in ("to-cancel", "to-finish"):
+            await client.submit("gate", {"block": ["run"]}, job_id=job_id)
+        async with asyncio.timeout(30):
+            await gate.event("to-cancel", "run").wait()
+            await gate.event("to-finish", "run").wait()
+        writer = store._writer
+        assert writer is not None
+        os.kill(writer.pid, signal.SIGSTOP)
+        try:
+            cancel = asyncio.create_task(client.cancel("to-cancel"))
+            gate.release("to-finish")
+            ended = {"to-cancel": "cancelled", "to-finish": "done"}
+            await eventually(lambda: all(store.status(j) == s for j, s in ended.items()), 30)
+            poll = asyncio.create_task(client.poll(["to-finish"], wait=0))
+            get = asyncio.create_task(client.result("to-finish"))
+            # Both jobs ended in memory; no answer may leave before the writer commits.
+            answered, _ = await asyncio.wait({cancel, poll, get}, timeout=1.0)
+            assert not answered, [t.result() for t in answered]
+        finally:
+            os.kill(writer.pid, signal.SIGCONT)
+        async with asyncio.timeout(30):
+            assert (await cancel)["cancelled"] == ["to-cancel"]
+            assert [d["job_id"] for d in (await poll)["done"]] == ["to-finish"]
+            assert ((await get) or {})["status"] == "done"
+        with sqlite3.connect(tmp_path / "state" / "jobs.sqlite3") as conn:
+            rows = dict(conn.execute("SELECT id, status FROM jobs").fetchall())
+        assert rows == ended
 
 
 async def test_retention_deletes_rows_and_the_file_stays_bounded(
