@@ -79,13 +79,18 @@ def check_segments(doc: dict[str, Any], tokens: int) -> None:
     assert versions == sorted(versions)  # non-decreasing within the turn
 
 
-async def replay_logprobs(vllm: VllmProcess, doc: dict[str, Any]) -> list[float]:
-    """The logprob the engine's current weights give each response token, in context."""
-    full = doc["prompt_ids"] + doc["response_ids"]
+async def replay_logprobs(
+    vllm: VllmProcess, doc: dict[str, Any], upto: int | None = None
+) -> list[float]:
+    """The logprob the engine's current weights give each response token, in context: the
+    first ``upto`` of them (all by default; a token's logprob depends only on what precedes
+    it, so a shorter replay is a shorter prefill with the same figures)."""
+    response = doc["response_ids"][:upto]
+    full = doc["prompt_ids"] + response
     body = {"model": "tiny-qwen3", "prompt": full, "max_tokens": 1, "prompt_logprobs": 0}
     entries = (await engine_post(vllm, "/v1/completions", body))["choices"][0]["prompt_logprobs"]
     n = len(doc["prompt_ids"])
-    return [entries[n + i][str(tok)]["logprob"] for i, tok in enumerate(doc["response_ids"])]
+    return [entries[n + i][str(tok)]["logprob"] for i, tok in enumerate(response)]
 
 
 async def check_logprobs(
@@ -99,7 +104,7 @@ async def check_logprobs(
             exact = _exact_positions(doc, version)
             if not exact:
                 continue
-            replay = await replay_logprobs(vllm, doc)
+            replay = await replay_logprobs(vllm, doc, upto=exact[-1] + 1)
             for i in exact:
                 assert doc["response_logprobs"][i] == pytest.approx(replay[i], abs=1e-3), i
             checked += len(exact)
