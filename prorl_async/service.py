@@ -326,9 +326,9 @@ class RolloutService:
         results = await asyncio.gather(*(self.pipeline.cancel(j) for j in todo))
         for job, ok in zip(todo, results, strict=True):
             (cancelled if ok else finished).append(job.id)
-        if todo:
-            # Cancelled ids stay cancelled: a crash after this answer must not requeue them.
-            await self.store.sync()
+        # Cancelled ids stay cancelled, and a job said to be finished is: a crash after
+        # this answer must not requeue either (as /process, it waits for the commit).
+        await self.store.sync()
         return CancelResponse(cancelled=cancelled, already_finished=finished, not_found=missing)
 
     async def delete(self, job_id: str, tenant: str | None = None) -> bool:

@@ -221,7 +221,6 @@ class SqliteJobStore:
         would run again and answer other bytes)."""
         found: dict[str, bytes] = {}
         missing = []
-        uncommitted = False
         for job_id in job_ids:
             if job_id not in self._done:
                 continue
@@ -234,17 +233,8 @@ class SqliteJobStore:
                 missing.append(job_id)
             else:
                 found[job_id] = body
-                uncommitted = uncommitted or job_id in self._pending
-        if uncommitted:
+        if not self._pending.keys().isdisjoint(found):
             await self.sync()
-            # Those that ended while this waited and were committed with it: served too
-            # (a long poll then returns more per wake-up). Still pending: left for later.
-            pending, cache = self._pending, self._cache
-            for job_id in job_ids:
-                if job_id not in found and job_id not in pending and job_id in self._done:
-                    body = cache.get(job_id)
-                    if body is not None:
-                        found[job_id] = body
         if missing:
             async with self._reading:  # one thread on the reader connection at a time
                 if self._reader is None:
