@@ -1,11 +1,12 @@
 """Group commit by a writer process, so the event loop never waits for SQLite or an fsync.
 
-The loop appends statements to the current batch; at the end of the loop iteration the
-batch is sent down a pipe to the writer process (``_commit.py``), which commits every
-batch that has arrived in one transaction (one fsync) and answers with the number of
-the last one. The loop then resolves each batch's waiters and runs the callbacks
-registered for after its commit. ``sync()`` waits for the batch holding every statement
-issued so far: an HTTP answer sent after it is backed by the disk.
+The loop appends statements to the current batch; at the end of the loop iteration (or
+earlier, at a ``cut`` once it is large) the batch is sent down a pipe to the writer
+process (``_commit.py``), which commits every batch that has arrived in one transaction
+(one fsync) and answers with the number of the last one. The loop then resolves each
+batch's waiters and runs the callbacks registered for after its commit. ``sync()`` waits
+for the batch holding every statement issued so far: an HTTP answer sent after it is
+backed by the disk.
 
 A process, not a thread: see ``_commit.py`` (the ``sqlite3`` module's hand-backs of the
 interpreter lock stalled the loop). The process belongs to the ``Writer``: ``aclose``
@@ -117,6 +118,15 @@ class Writer:
         """Queue one statement; it is committed with its batch."""
         # An open batch means neither closed nor broken (both take it away).
         (self._batch or self._current()).statements.append((sql, params))
+
+    def cut(self, size: int) -> None:
+        """End the open batch here if it holds ``size`` statements or more: it goes to the
+        writer now, not at the end of the loop step, so the writer commits it while the
+        loop goes on with the rest of the step. Call it only where what comes before and
+        what comes after may be committed apart (they may be in two transactions)."""
+        batch = self._batch
+        if batch is not None and len(batch.statements) >= size:
+            self._hand_over()
 
     def write_last(self, key: str, sql: str, params: tuple[Any, ...]) -> None:
         """Queue a statement run once per transaction, after the others, with the

@@ -90,6 +90,9 @@ _TOMBSTONE = "INSERT OR REPLACE INTO tombstones(id, expires_at) VALUES (?, ?)"
 _UNTOMB = "DELETE FROM tombstones WHERE id = ?"
 
 _encoder = msgspec.json.Encoder()
+# Statements in the open batch after which a finished job hands it to the writer at once
+# (see ``finished``): ~64 results, ~0.7 ms of the writer's time to commit on a 2-core box.
+_FINISH_CHUNK = 64
 
 
 class StoreError(RuntimeError):
@@ -297,6 +300,10 @@ class SqliteJobStore:
         writer.gather("results", self._committed).append((job.id, body, entry))
         if job.status == "cancelled":
             self.tombstone(job.id)
+        # Jobs that end in one loop step (a wave of short ones) go to the writer in chunks,
+        # so it commits the first while the loop ends the rest, and the last result waits
+        # for a commit of one chunk, not of the whole wave. A job's rows stay together.
+        writer.cut(_FINISH_CHUNK)
 
     def delete(self, job_id: str) -> bool:
         known = self._live.pop(job_id, None) is not None

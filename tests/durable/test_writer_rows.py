@@ -11,15 +11,18 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from prorl_async.core.job import Job
 from prorl_async.store import _commit, _completions
 from prorl_async.store import sqlite as store_sqlite
 from prorl_async.store._commit import RowKind
 from prorl_async.store._writer import StoreWriteError, Writer
+from prorl_async.store.sqlite import SqliteJobStore
 from tests.serverutil import eventually
 
 Row = tuple[Any, ...]
@@ -270,3 +273,69 @@ def test_a_wal_past_the_cap_is_checkpointed_by_the_writer_itself(tmp_path: Path)
     finally:
         checkpointer.close()
         conn.close()
+
+
+def _ended(i: int, callback: bool) -> Job:
+    job = Job(
+        job_id=f"w{i:03}",
+        task="sleep",
+        handler=cast(Any, None),  # the store reads none of the job's running parts
+        instance={},
+        sampling_params={},
+        timeout_s=60.0,
+        metadata={},
+        services=cast(Any, None),
+    )
+    job.callback_url = "http://127.0.0.1:9/hook" if callback else None
+    return job
+
+
+async def test_a_wave_of_results_goes_to_the_writer_in_chunks_a_job_whole(
+    tmp_path: Path,
+) -> None:
+    """Jobs that end in one loop step: their rows reach the writer in chunks while the step
+    goes on (it commits the first ones before the step ends), every chunk ends at a job's
+    last row (a result and its callback's outbox row commit together), and what follows the
+    last cut goes at the end of the step."""
+    path = tmp_path / "jobs.sqlite3"
+    store = SqliteJobStore(path=path, retention_s=600, tombstone_s=600, cache_bytes=1 << 20)
+    store.open()
+    reader = sqlite3.connect(path)
+    try:
+        jobs = [_ended(i, callback=i % 2 == 0) for i in range(150)]
+        for job in jobs:
+            store.add(job)
+        await store.sync()
+        # Where the store must cut: after the job whose rows fill the batch to the chunk.
+        cuts, rows = [], 0
+        for n, job in enumerate(jobs, 1):
+            rows += 2 if job.callback_url else 1
+            if rows >= store_sqlite._FINISH_CHUNK:
+                cuts.append(n)
+                rows = 0
+        assert len(cuts) >= 2
+        # One loop step from here to the end of the reads: no await.
+        for i, job in enumerate(jobs):
+            job.status, job.result, job.seq = "done", b'{"i": %d}' % i, i + 1
+            store.finished(job)
+
+        def committed() -> tuple[list[str], list[str]]:
+            done = reader.execute("SELECT id FROM jobs WHERE status = 'done' ORDER BY id")
+            hooks = reader.execute("SELECT job_id FROM outbox ORDER BY job_id")
+            return [r[0] for r in done], [r[0] for r in hooks]
+
+        deadline = time.monotonic() + 60
+        done, hooks = committed()
+        while len(done) < cuts[-1] and time.monotonic() < deadline:
+            time.sleep(0.01)  # noqa: ASYNC251 - a poll; this loop step must not yield
+            done, hooks = committed()
+        handed = jobs[: cuts[-1]]
+        assert done == [job.id for job in handed]  # the chunks, and nothing after them
+        assert hooks == [job.id for job in handed if job.callback_url]
+        await store.sync()  # the end of the step hands over the rest
+        done, hooks = committed()
+        assert done == [job.id for job in jobs]
+        assert hooks == [job.id for job in jobs if job.callback_url]
+    finally:
+        reader.close()
+        await store.aclose()
