@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -279,12 +279,12 @@ def _ended(i: int, callback: bool) -> Job:
     job = Job(
         job_id=f"w{i:03}",
         task="sleep",
-        handler=cast(Any, None),  # the store reads none of the job's running parts
+        handler=None,  # the store reads none of the job's running parts
         instance={},
         sampling_params={},
         timeout_s=60.0,
         metadata={},
-        services=cast(Any, None),
+        services=None,
     )
     job.callback_url = "http://127.0.0.1:9/hook" if callback else None
     return job
