@@ -234,23 +234,17 @@ class Pipeline:
         return True
 
     async def _work(self, stage: Stage, job: Job, worker: asyncio.Task[Any]) -> None:
+        """Run ``job``'s ``stage`` in this worker, then move the job on (``_advance``).
+
+        One coroutine for the whole stage (the JIT gate, the job's stage scope, its
+        deadline, the handler, the statistics, the release), not one per step: each
+        coroutine and call here is paid three times a job.
+        """
         if stage is INIT and not self.jit.open():
             # The job stays queued (timer paused) until RUN will take it soon.
             await self.jit.wait(lambda: job.cancel_requested)
-        if not self._dequeue(job):
-            return  # cancelled while it waited in the queue
-        if not job.cancel_requested:
-            self._advance(job, stage, await self._process(job, stage, worker))
-
-    async def _process(
-        self, job: Job, stage: Stage, worker: asyncio.Task[Any]
-    ) -> tuple[Outcome, BaseException | None] | None:
-        """Run ``job``'s ``stage`` in this worker; its outcome, ``None`` if cancelled.
-
-        One coroutine for the whole stage (the job's stage scope, its deadline, the
-        handler, the statistics, the release), not one per step: each coroutine and call
-        here is paid three times a job.
-        """
+        if not self._dequeue(job) or job.cancel_requested:
+            return  # cancelled while it waited in the queue (the cancel finishes it)
         name: str = stage._value_
         job.status = name
         self.active[stage] += 1
@@ -264,15 +258,11 @@ class Pipeline:
         keep = False
         before = timer.elapsed()
         deadline = timer.deadline(worker)
-        t0 = time.monotonic()
         try:
             try:
                 with deadline:  # the timer runs inside: entering and leaving count no pause
                     stats.enter(job, timer, before)
-                    try:
-                        await getattr(job.handler, name)(job)
-                    finally:
-                        stats.leave(job, timer)
+                    await getattr(job.handler, name)(job)
                 keep = stage is INIT
                 result: tuple[Outcome, BaseException | None] = (_OK, None)
             except TimeoutError as exc:
@@ -282,13 +272,15 @@ class Pipeline:
                 self._notify(job, name, exc)
                 result = _FAILED, exc
             finally:
-                now = time.monotonic()
+                # The deadline's clock readings: the stage's wall time; its active time is
+                # what the timer counted (waits for a backend paused it).
+                now = deadline.exited_at
                 active = timer.elapsed() - before
-                wall = now - t0
+                wall = now - deadline.entered_at
                 stage_active, stage_wall = job.stage_active, job.stage_wall
                 stage_active[stage] = stage_active.get(stage, 0.0) + active
                 stage_wall[stage] = stage_wall.get(stage, 0.0) + wall
-                stats.finished(wall, active, scope.slots, now)
+                stats.ended(job, timer, wall, active, scope.slots, now)
                 if stage is not INIT and job.holds_resources:
                     # Waiting (timer paused, e.g. for a backend) holding a sandbox: idle too.
                     stats.idle_sandbox_seconds += max(wall - active, 0.0)
@@ -315,7 +307,7 @@ class Pipeline:
             if done is not None and not done.done():
                 done.set_result(None)
             self.changed.fire_soon()
-        return outcome
+        self._advance(job, stage, outcome)
 
     def _advance(
         self, job: Job, stage: Stage, outcome: tuple[Outcome, BaseException | None] | None

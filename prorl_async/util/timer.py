@@ -100,7 +100,10 @@ _DUE: dict[asyncio.AbstractEventLoop, list[Deadline]] = {}
 
 def _arm_due(loop: asyncio.AbstractEventLoop) -> None:
     for deadline in _DUE.pop(loop, ()):
-        deadline._arm()
+        if deadline._state == _ENTERED:  # most have exited already (their stage ended)
+            deadline._arm()
+        else:
+            deadline._arming = False
 
 
 def _due(loop: asyncio.AbstractEventLoop) -> list[Deadline]:
@@ -125,7 +128,16 @@ class Deadline:
     (nothing in it waits) or ``async with``, as ``asyncio.Timeout``.
     """
 
-    __slots__ = ("_timer", "_task", "_cancelling", "_state", "_handle", "_arming")
+    __slots__ = (
+        "_timer",
+        "_task",
+        "_cancelling",
+        "_state",
+        "_handle",
+        "_arming",
+        "entered_at",
+        "exited_at",
+    )
 
     def __init__(self, timer: PausableTimer, task: asyncio.Task[Any] | None = None) -> None:
         self._timer = timer
@@ -134,6 +146,10 @@ class Deadline:
         self._state = _ENTERED
         self._handle: asyncio.TimerHandle | None = None
         self._arming = False
+        # The timer's clock when the deadline was entered and exited (the stage's wall
+        # time, with no clock reading of the caller's own).
+        self.entered_at = 0.0
+        self.exited_at = 0.0
 
     def expired(self) -> bool:
         """Whether the budget ran out (the body was cancelled for it)."""
@@ -190,6 +206,8 @@ class Deadline:
         self.__exit__(exc_type, exc, tb)
 
     def __enter__(self) -> Deadline:
+        # ``timer.resume()`` and ``arm()`` written out: a stage enters one of these three
+        # times a job, and each call saved here is saved three times a job.
         task = self._task or asyncio.current_task()
         if task is None:
             raise RuntimeError("a Deadline must be entered inside a task")
@@ -197,7 +215,15 @@ class Deadline:
         self._cancelling = task.cancelling()
         timer = self._timer
         timer._timeout = self
-        timer.resume()
+        self.entered_at = now = timer._clock()
+        if timer._since is None:
+            timer._since = now
+            if timer.budget is not None:
+                self._arming = True
+                loop = task.get_loop()
+                (_DUE.get(loop) or _due(loop)).append(self)
+            if timer.watcher is not None:
+                timer.watcher(-1)
         return self
 
     def __exit__(
@@ -206,8 +232,14 @@ class Deadline:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        # ``timer.pause()`` written out (see ``__enter__``).
         timer = self._timer
-        timer.pause()
+        self.exited_at = now = timer._clock()
+        if timer._since is not None:
+            timer._active += now - timer._since
+            timer._since = None
+            if timer.watcher is not None:
+                timer.watcher(1)
         timer._timeout = None
         if self._handle is not None:
             self._handle.cancel()
