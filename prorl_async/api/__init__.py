@@ -1,1 +1,2 @@
-"""The HTTP side: the aiohttp app, its routes, middleware, connection guard and OpenAPI document."""
+"""The HTTP side: the aiohttp app, its routes and their guard (auth, errors), the
+connection guard and the OpenAPI document."""

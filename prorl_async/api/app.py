@@ -11,10 +11,10 @@ from contextlib import asynccontextmanager
 
 from aiohttp import web
 
-from prorl_async.api.access import TENANTS, tenant_middleware
+from prorl_async.api.access import add_routes
 from prorl_async.api.connections import ConnectionGuard, clamp_connections
-from prorl_async.api.events import register_events
-from prorl_async.api.middleware import MAX_BODY, error_middleware
+from prorl_async.api.events import event_routes, register_events
+from prorl_async.api.problems import MAX_BODY
 from prorl_async.api.routes import SERVICE, routes
 from prorl_async.api.weights import weight_routes
 from prorl_async.config import ServerConfig
@@ -30,14 +30,11 @@ CONNECTIONS = web.AppKey("connections", ConnectionGuard)
 
 def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> web.Application:
     """The web application; app-wide resources live in one cleanup context."""
-    app = web.Application(
-        middlewares=[error_middleware, tenant_middleware],
-        client_max_size=config.max_body_bytes,
-    )
+    # No middlewares: every route is guarded on its own (api/access.py says why).
+    app = web.Application(client_max_size=config.max_body_bytes)
     app[MAX_BODY] = config.max_body_bytes
     service = RolloutService(config, registry)
     app[SERVICE] = service
-    app[TENANTS] = service.tenants  # bearer token -> tenant (api/access.py)
     app[CONNECTIONS] = ConnectionGuard(
         max_connections=clamp_connections(config.max_connections),
         read_timeout_s=config.read_timeout_s,
@@ -46,9 +43,9 @@ def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> 
         lingering_time=min(10.0, config.read_timeout_s),
         access_log=None,
     )
-    app.add_routes(routes)
-    app.add_routes(weight_routes)
-    register_events(app)  # /results, /events, /jobs/{job_id}/callback
+    # /results, /events and /jobs/{job_id}/callback are event_routes.
+    add_routes(app, service.tenants, (routes, weight_routes, event_routes))
+    register_events(app)
     app.cleanup_ctx.append(_service_ctx)
     return app
 

@@ -37,8 +37,8 @@ _SNDBUF = 64 * 1024
 
 
 def register_events(app: web.Application) -> None:
-    """Add the routes; at shutdown, waiting readers return and streams end."""
-    app.add_routes(event_routes)
+    """At shutdown, waiting readers return and streams end (the routes: ``event_routes``,
+    added with the others by ``api.access.add_routes``)."""
     app.on_shutdown.append(_close)
 
 

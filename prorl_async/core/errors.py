@@ -1,4 +1,4 @@
-"""Typed HTTP errors; the middleware turns each into problem+json (API.md)."""
+"""Typed HTTP errors; every route's guard turns each into problem+json (API.md)."""
 
 from __future__ import annotations
 

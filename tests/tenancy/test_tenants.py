@@ -104,6 +104,40 @@ async def test_a_non_admin_tenant_gets_403_on_admin_routes(
             assert r.status not in (401, 403)
 
 
+async def test_a_wrong_path_or_method_asks_for_a_token_first_then_answers_404_or_405(
+    make_server: ServerFactory,
+) -> None:
+    """Guarded as every route: 401 without a known token; then, for any tenant, 404 or
+    405 as problem+json (never 403: no admin route is involved)."""
+    cases = [
+        ("GET", "/nope", 404, None),
+        ("POST", "/jobs/x/y/z", 404, None),
+        ("GET", "/process", 405, "POST"),
+        # /jobs/{job_id}'s routes were added apart (GET, later DELETE): all are named.
+        ("POST", "/jobs/j-1", 405, "DELETE,GET,HEAD"),
+    ]
+    async with make_server(tenants=TENANTS) as srv, aiohttp.ClientSession() as s:
+        for method, path, status, allow in cases:
+            async with s.request(method, srv.url + path) as r:
+                assert (r.status, r.content_type) == (401, "application/problem+json"), path
+            for token in ("token-a", "token-ops"):
+                headers = {"Authorization": f"Bearer {token}"}
+                async with s.request(method, srv.url + path, headers=headers) as r:
+                    doc = await r.json(content_type="application/problem+json")
+                assert (r.status, doc["status"]) == (status, status), (method, path, token)
+                assert r.headers.get("Allow") == allow
+                if status == 405:
+                    assert doc["detail"].startswith(f"{method} {path}: method not allowed; use ")
+        # A wrong method on an open path needs no token (the path is open).
+        for path in ("/metrics", "/healthz"):
+            async with s.delete(srv.url + path) as r:
+                assert r.status == 405 and r.headers["Allow"] == "GET,HEAD"
+        async with s.delete(
+            f"{srv.url}/jobs/j-unknown", headers={"Authorization": "Bearer token-a"}
+        ) as r:
+            assert r.status == 404  # DELETE still reaches its own route
+
+
 async def test_status_and_metrics_are_broken_down_by_tenant(
     make_server: ServerFactory, gate: GateHandler
 ) -> None:

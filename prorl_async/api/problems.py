@@ -1,4 +1,4 @@
-"""One error-mapping middleware (auth: ``api/access.py``)."""
+"""Errors as problem+json (RFC 9457, docs/API.md): what every route answers when it fails."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ import logging
 
 import msgspec
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
 from prorl_async.core.errors import ProblemError
 from prorl_async.schemas import Problem
 
-__all__ = ["MAX_BODY", "error_middleware", "problem_response"]
+__all__ = ["MAX_BODY", "error_response", "problem_response"]
 
 log = logging.getLogger(__name__)
 
@@ -35,20 +34,16 @@ def problem_response(
     )
 
 
-@web.middleware
-async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Map every error to problem+json; unexpected ones are logged and answered 500."""
-    try:
-        response: web.StreamResponse = await handler(request)
-        return response
-    except ProblemError as exc:
+def error_response(request: web.Request, exc: Exception) -> web.StreamResponse:
+    """The answer to ``exc`` raised while serving ``request``: a ``ProblemError`` and an
+    aiohttp error (4xx, 5xx) as problem+json, anything else logged and answered 500
+    (an aiohttp redirect, a 3xx, is an answer: the caller lets it through)."""
+    if isinstance(exc, ProblemError):
         problem = problem_response(exc.status, exc.title, exc.detail, exc.headers, exc.extra)
         if exc.close_connection:
             problem.force_close()
         return problem
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
+    if isinstance(exc, web.HTTPException):
         detail = exc.text or exc.reason
         if isinstance(exc, web.HTTPRequestEntityTooLarge):
             detail = f"request body over the limit of {request.app[MAX_BODY]} bytes"
@@ -57,6 +52,5 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             detail = f"{request.method} {request.path}: method not allowed; use {allowed}"
         headers = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
         return problem_response(exc.status, exc.reason, detail or exc.reason, headers)
-    except Exception:
-        log.exception("unhandled error in %s %s", request.method, request.path)
-        return problem_response(500, "Internal Server Error", "internal error (logged)")
+    log.error("unhandled error in %s %s", request.method, request.path, exc_info=exc)
+    return problem_response(500, "Internal Server Error", "internal error (logged)")
