@@ -131,7 +131,7 @@ class Writer:
     def write_last(self, key: str, sql: str, params: tuple[Any, ...]) -> None:
         """Queue a statement run once per transaction, after the others, with the
         parameters of the latest call for ``key`` (an upsert of a high-water mark)."""
-        self._current()
+        self._batch or self._current()  # the batch it is run with
         self._last[key] = (sql, params)
 
     def after_commit(self, callback: Callable[[bool], None], *, always: bool = False) -> None:

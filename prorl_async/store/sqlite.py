@@ -271,36 +271,40 @@ class SqliteJobStore:
     # -- writes --------------------------------------------------------------------------------
 
     def add(self, job: Job) -> None:
-        self._live[job.id] = job
-        self._drop_done(job.id)
+        job_id = job.id
+        self._live[job_id] = job
+        if job_id in self._done or job_id in self._cache or job_id in self._pending:
+            self._drop_done(job_id)  # an id used again (its old result deleted or expired)
         request = b"{}" if job.request is None else _encoder.encode(job.request)
-        self.write(_ACCEPT, (job.id, request, job.restarts, job.tenant))
+        self.write(_ACCEPT, (job_id, request, job.restarts, job.tenant))
 
     def finished(self, job: Job) -> None:
-        self._live.pop(job.id, None)
-        if self._frozen and job.status == "cancelled":
+        job_id, status = job.id, job.status
+        self._live.pop(job_id, None)
+        if self._frozen and status == "cancelled":
             return  # cancelled by shutdown: the row stays 'accepted' and runs again at restart
         writer = self._writer_()
         now = time.time()
         deadline = time.monotonic() + self.retention_s
         body = job.result or b""
-        self._done[job.id] = (job.status, deadline, job.seq, job.tenant)
-        self._expiry.append((deadline, job.id))
-        self._counts[job.status] += 1
-        self._cache_put(job.id, body)
-        self._pending[job.id] = body
+        seq = job.seq
+        self._done[job_id] = (status, deadline, seq, job.tenant)
+        self._expiry.append((deadline, job_id))
+        self._counts[status] += 1
+        self._cache_put(job_id, body)
+        self._pending[job_id] = body
         wall = now + self.retention_s
-        writer.write(_FINISH, (job.status, body, wall, job.seq, job.reward, job.id))
+        writer.write(_FINISH, (status, body, wall, seq, job.reward, job_id))
         if job.callback_url is not None:  # one transaction with the result: never lost
-            self.outbox.add(job.id, job.callback_url, now)
+            self.outbox.add(job_id, job.callback_url, now)
         entry = None
-        if job.seq is not None:
+        if seq is not None:
             # Readers of the completion log see it once the result and its seq are durable.
-            entry = (job.tenant, job.seq, job.id, job.status, job.reward)
-            writer.write_last("last_seq", _completions.LAST_SEQ, (job.seq,))
-        writer.gather("results", self._committed).append((job.id, body, entry))
-        if job.status == "cancelled":
-            self.tombstone(job.id)
+            entry = (job.tenant, seq, job_id, status, job.reward)
+            writer.write_last("last_seq", _completions.LAST_SEQ, (seq,))
+        writer.gather("results", self._committed).append((job_id, body, entry))
+        if status == "cancelled":
+            self.tombstone(job_id)
         # Jobs that end in one loop step (a wave of short ones) go to the writer in chunks,
         # so it commits the first while the loop ends the rest, and the last result waits
         # for a commit of one chunk, not of the whole wave. A job's rows stay together.
@@ -408,9 +412,8 @@ class SqliteJobStore:
         return self._done.pop(job_id, None) is not None
 
     def _cache_put(self, job_id: str, body: bytes) -> None:
-        old = self._cache.pop(job_id, None)
-        if old is not None:
-            self._cache_bytes -= len(old)
+        if job_id in self._cache:  # rare (a lookup, where a pop that misses costs more)
+            self._cache_bytes -= len(self._cache.pop(job_id))
         if len(body) > self.cache_limit:
             return
         self._cache[job_id] = body
