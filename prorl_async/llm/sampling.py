@@ -48,6 +48,8 @@ class SamplingParamsError(ValueError):
 
 def check_sampling_params(params: dict[str, Any]) -> None:
     """Raise ``SamplingParamsError`` naming the first bad field of ``params``."""
+    if not params:  # none given (most jobs): nothing to check
+        return
     try:
         msgspec.convert(params, SamplingParams)
     except msgspec.ValidationError as exc:
