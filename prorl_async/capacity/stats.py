@@ -163,47 +163,13 @@ class StageStats:
     def finished(
         self, wall_s: float, active_s: float, slots: int = 0, now: float | None = None
     ) -> None:
-        """A job left the stage (``now``: the caller's ``time.monotonic()``, if it has it).
-
-        Three times a job: the averages' ``Ewma.add`` and the meter's common case are
-        written out here (a call each saved)."""
-        ewma = self.service
-        ewma.count += 1
-        value = ewma.value
-        ewma.value = wall_s if value is None else value + ewma.alpha * (wall_s - value)
-        ewma = self.active
-        ewma.count += 1
-        value = ewma.value
-        ewma.value = active_s if value is None else value + ewma.alpha * (active_s - value)
-        ewma = self.sandboxed
-        ewma.count += 1
-        value, share = ewma.value, 1.0 if slots else 0.0
-        ewma.value = share if value is None else value + ewma.alpha * (share - value)
+        """A job left the stage (``now``: the caller's ``time.monotonic()``, if it has it)."""
+        self.service.add(wall_s)
+        self.active.add(active_s)
+        self.sandboxed.add(1.0 if slots else 0.0)
         if slots:
             self.sandboxed_active.add(active_s)
-        meter = self.completions
-        if now is not None and now < meter._last_ends:
-            meter._last[1] += 1
-        else:
-            meter.add(1, now)
-
-    def ended(
-        self,
-        key: object,
-        timer: PausableTimer,
-        wall_s: float,
-        active_s: float,
-        slots: int,
-        now: float,
-    ) -> None:
-        """``leave`` then ``finished`` in one call, for a job whose timer paused at the
-        stage's end while still watched (that pause counted it as paused; this uncounts
-        it)."""
-        self._running.pop(key, None)
-        timer.watcher = None
-        if not timer.running:
-            self._paused_now -= 1
-        self.finished(wall_s, active_s, slots, now)
+        self.completions.add(1, now)
 
 
 class Pulse:

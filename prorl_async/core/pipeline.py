@@ -280,7 +280,8 @@ class Pipeline:
                 stage_active, stage_wall = job.stage_active, job.stage_wall
                 stage_active[stage] = stage_active.get(stage, 0.0) + active
                 stage_wall[stage] = stage_wall.get(stage, 0.0) + wall
-                stats.ended(job, timer, wall, active, scope.slots, now)
+                stats.leave(job, timer)  # the deadline's pause counted it paused; this uncounts it
+                stats.finished(wall, active, scope.slots, now)
                 if stage is not INIT and job.holds_resources:
                     # Waiting (timer paused, e.g. for a backend) holding a sandbox: idle too.
                     stats.idle_sandbox_seconds += max(wall - active, 0.0)

@@ -273,8 +273,7 @@ class SqliteJobStore:
     def add(self, job: Job) -> None:
         job_id = job.id
         self._live[job_id] = job
-        if job_id in self._done or job_id in self._cache or job_id in self._pending:
-            self._drop_done(job_id)  # an id used again (its old result deleted or expired)
+        self._drop_done(job_id)  # an id used again: its old result goes
         request = b"{}" if job.request is None else _encoder.encode(job.request)
         self.write(_ACCEPT, (job_id, request, job.restarts, job.tenant))
 
@@ -405,6 +404,8 @@ class SqliteJobStore:
             return await asyncio.to_thread(fn, self._reader)
 
     def _drop_done(self, job_id: str) -> bool:
+        if job_id not in self._done and job_id not in self._cache and job_id not in self._pending:
+            return False  # the common case (a new id): lookups, where pops that miss cost more
         self._pending.pop(job_id, None)
         body = self._cache.pop(job_id, None)
         if body is not None:

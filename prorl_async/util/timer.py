@@ -51,22 +51,43 @@ class PausableTimer:
         left = self.remaining()
         return left is not None and left <= 0
 
-    def resume(self) -> None:
+    def resume(self) -> float:
+        """Run (if paused); returns the clock's reading.
+
+        The deadline in force (if any) is armed for when the budget runs out: one loop
+        step later, for the time it runs out then (the same instant; see ``Deadline``).
+        Its arming is written here, not in a method of its own: a stage resumes its
+        timer once and pauses it once, three times a job."""
+        now = self._clock()
         if self._since is None:
-            self._since = self._clock()
-            if self._timeout is not None:
-                self._timeout.arm()
+            self._since = now
+            deadline = self._timeout
+            if deadline is not None and deadline._state == _ENTERED and self.budget is not None:
+                if deadline._handle is not None:
+                    deadline._handle.cancel()
+                    deadline._handle = None
+                if not deadline._arming:
+                    deadline._arming = True
+                    loop = asyncio.get_running_loop()
+                    (_DUE.get(loop) or _due(loop)).append(deadline)
             if self.watcher is not None:
                 self.watcher(-1)
+        return now
 
-    def pause(self) -> None:
+    def pause(self) -> float:
+        """Pause (if running); returns the clock's reading. The deadline in force (if
+        any) is disarmed until the timer runs again."""
+        now = self._clock()
         if self._since is not None:
-            self._active += self._clock() - self._since
+            self._active += now - self._since
             self._since = None
-            if self._timeout is not None:
-                self._timeout.disarm()
+            deadline = self._timeout
+            if deadline is not None and deadline._handle is not None:
+                deadline._handle.cancel()
+                deadline._handle = None
             if self.watcher is not None:
                 self.watcher(1)
+        return now
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -100,10 +121,7 @@ _DUE: dict[asyncio.AbstractEventLoop, list[Deadline]] = {}
 
 def _arm_due(loop: asyncio.AbstractEventLoop) -> None:
     for deadline in _DUE.pop(loop, ()):
-        if deadline._state == _ENTERED:  # most have exited already (their stage ended)
-            deadline._arm()
-        else:
-            deadline._arming = False
+        deadline._arm()
 
 
 def _due(loop: asyncio.AbstractEventLoop) -> list[Deadline]:
@@ -155,25 +173,6 @@ class Deadline:
         """Whether the budget ran out (the body was cancelled for it)."""
         return self._state == _EXPIRING or self._state == _EXPIRED
 
-    def arm(self) -> None:
-        """The timer runs: cancel the body when its budget runs out (armed one loop step
-        later, for the time the budget runs out then: the same instant)."""
-        if self._state != _ENTERED or self._timer.budget is None:
-            return
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-        if not self._arming:
-            self._arming = True
-            loop = asyncio.get_running_loop()
-            (_DUE.get(loop) or _due(loop)).append(self)
-
-    def disarm(self) -> None:
-        """The timer is paused: no deadline until it runs again."""
-        if self._handle is not None:
-            self._handle.cancel()
-            self._handle = None
-
     def _arm(self) -> None:
         self._arming = False
         timer = self._timer
@@ -206,8 +205,6 @@ class Deadline:
         self.__exit__(exc_type, exc, tb)
 
     def __enter__(self) -> Deadline:
-        # ``timer.resume()`` and ``arm()`` written out: a stage enters one of these three
-        # times a job, and each call saved here is saved three times a job.
         task = self._task or asyncio.current_task()
         if task is None:
             raise RuntimeError("a Deadline must be entered inside a task")
@@ -215,15 +212,7 @@ class Deadline:
         self._cancelling = task.cancelling()
         timer = self._timer
         timer._timeout = self
-        self.entered_at = now = timer._clock()
-        if timer._since is None:
-            timer._since = now
-            if timer.budget is not None:
-                self._arming = True
-                loop = task.get_loop()
-                (_DUE.get(loop) or _due(loop)).append(self)
-            if timer.watcher is not None:
-                timer.watcher(-1)
+        self.entered_at = timer.resume()
         return self
 
     def __exit__(
@@ -232,14 +221,8 @@ class Deadline:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        # ``timer.pause()`` written out (see ``__enter__``).
         timer = self._timer
-        self.exited_at = now = timer._clock()
-        if timer._since is not None:
-            timer._active += now - timer._since
-            timer._since = None
-            if timer.watcher is not None:
-                timer.watcher(1)
+        self.exited_at = timer.pause()
         timer._timeout = None
         if self._handle is not None:
             self._handle.cancel()
