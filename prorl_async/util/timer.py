@@ -121,7 +121,8 @@ _DUE: dict[asyncio.AbstractEventLoop, list[Deadline]] = {}
 
 def _arm_due(loop: asyncio.AbstractEventLoop) -> None:
     for deadline in _DUE.pop(loop, ()):
-        deadline._arm()
+        if deadline._state == _ENTERED:  # most have exited by now (their stage ended)
+            deadline._arm()
 
 
 def _due(loop: asyncio.AbstractEventLoop) -> list[Deadline]:
@@ -174,10 +175,11 @@ class Deadline:
         return self._state == _EXPIRING or self._state == _EXPIRED
 
     def _arm(self) -> None:
+        """Armed at the step after a resume (``_arm_due``: only while entered)."""
         self._arming = False
         timer = self._timer
-        if self._state != _ENTERED or not timer.running or self._handle is not None:
-            return  # exited, paused again, or armed already
+        if not timer.running or self._handle is not None:
+            return  # paused again, or armed already
         left = timer.remaining()
         if left is None:
             return
