@@ -36,6 +36,7 @@ import msgspec
 from prorl_async.llm.generation import Generation
 
 __all__ = [
+    "ENGINE_KEEPALIVE_S",
     "LOGPROB_FLOOR",
     "EngineApi",
     "EngineError",
@@ -47,6 +48,7 @@ __all__ = [
     "complete",
     "complete_sglang",
     "complete_vllm",
+    "engine_connector",
     "engine_pause",
     "engine_reload",
     "engine_resume",
@@ -116,6 +118,19 @@ def clamp_logprobs(values: list[Any] | None, count: int) -> tuple[list[float], i
             out.append(LOGPROB_FLOOR)
             clamped += 1
     return out, clamped
+
+
+# vLLM and SGLang (uvicorn) close a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE);
+# aiohttp keeps one for 15 s. A request sent on a connection the engine is closing at that
+# moment fails before the engine read it ("Can not write request body"), so the client
+# gives an idle connection up well before the engine does.
+ENGINE_KEEPALIVE_S = 3.0
+
+
+def engine_connector() -> aiohttp.TCPConnector:
+    """The connector of a session that talks to engines: no connection limit, idle
+    connections dropped before the engines' own keep-alive timeout ends them."""
+    return aiohttp.TCPConnector(limit=0, keepalive_timeout=ENGINE_KEEPALIVE_S)
 
 
 async def _post_json(
@@ -383,9 +398,23 @@ async def _admin(
     body: dict[str, Any] | None,
     timeout_s: float | None,
 ) -> Any:
-    return await _post_json(
-        session, address, f"{server_root(address)}{path}", body or {}, timeout_s
-    )
+    """POST an admin call. Each one is idempotent (a second pause, resume or reload of the
+    same path changes nothing), so a call whose connection dropped is sent once more on a
+    new connection: a kept-alive connection the engine closed as it was reused."""
+    url = f"{server_root(address)}{path}"
+    try:
+        return await _post_json(session, address, url, body or {}, timeout_s)
+    except EngineUnavailable as exc:
+        if not _dropped(exc.__cause__):
+            raise
+    return await _post_json(session, address, url, body or {}, timeout_s)
+
+
+def _dropped(cause: BaseException | None) -> bool:
+    """The connection broke (not refused, not timed out, not an HTTP answer)."""
+    connect = aiohttp.ClientConnectorError
+    broken = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+    return isinstance(cause, broken) and not isinstance(cause, connect)
 
 
 async def engine_pause(

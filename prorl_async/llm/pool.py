@@ -54,6 +54,7 @@ from prorl_async.llm.engines import (
     EngineUnavailable,
     ModelInfo,
     complete,
+    engine_connector,
     fetch_model_info,
     models_url,
     server_root,
@@ -133,8 +134,7 @@ class BackendPool:
 
     async def __aenter__(self) -> BackendPool:
         if self._session is None:
-            limit = aiohttp.TCPConnector(limit=0)
-            self._session = aiohttp.ClientSession(connector=limit)
+            self._session = aiohttp.ClientSession(connector=engine_connector())
         self._probe_task = asyncio.create_task(self._probe_loop(), name="backend-probe")
         self._weights = WeightUpdates(self, self._session)
         return self

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 
@@ -14,6 +15,9 @@ from prorl_async.llm.engines import (
     MalformedResponse,
     complete_sglang,
     complete_vllm,
+    engine_connector,
+    engine_pause,
+    engine_resume,
     fetch_model,
     parse_sglang,
     parse_vllm,
@@ -190,3 +194,73 @@ def test_server_root() -> None:
     assert server_root("http://h:1/v1") == "http://h:1"
     assert server_root("http://h:1/v1/") == "http://h:1"
     assert server_root("http://h:1") == "http://h:1"
+
+
+class DroppingEngine:
+    """Test double of an engine's HTTP server closing a kept-alive connection just as the
+    next request arrives on it (uvicorn's keep-alive timer ending then; the real race is
+    not reproducible on demand). Each connection answers its first request with 200 and
+    keep-alive, and closes unanswered on the second (with ``answers=0``, on the first).
+    Records each request line."""
+
+    def __init__(self, answers: int = 1) -> None:
+        self.answers = answers
+        self.requests: list[tuple[int, str]] = []  # (connection number, request line)
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+
+    @property
+    def address(self) -> str:
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1"
+
+    async def __aenter__(self) -> DroppingEngine:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        conn = self.connections
+        try:
+            for n in range(self.answers + 1):
+                head = await reader.readuntil(b"\r\n\r\n")
+                self.requests.append((conn, head.split(b"\r\n", 1)[0].decode()))
+                if n == self.answers:
+                    return  # the keep-alive timer ended: close without an answer
+                length = re.search(rb"(?i)content-length: *(\d+)", head)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                             b"content-length: 2\r\n\r\n{}")  # fmt: skip
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+
+async def test_an_admin_call_on_a_connection_the_engine_dropped_is_sent_once_more() -> None:
+    async with DroppingEngine() as engine, aiohttp.ClientSession(connector=engine_connector()) as s:
+        await engine_resume(s, "vllm", engine.address, 5.0)
+        await engine_pause(s, "vllm", engine.address, "abort", 5.0)  # reuses the connection
+    assert engine.requests == [
+        (1, "POST /resume HTTP/1.1"),
+        (1, "POST /pause?mode=abort HTTP/1.1"),  # dropped unanswered
+        (2, "POST /pause?mode=abort HTTP/1.1"),  # sent once more, on a new connection
+    ]
+
+
+async def test_an_admin_call_dropped_twice_fails_naming_the_engine() -> None:
+    async with (
+        DroppingEngine(answers=0) as engine,
+        aiohttp.ClientSession(connector=engine_connector()) as s,
+    ):
+        with pytest.raises(EngineUnavailable, match=re.escape(engine.address)):
+            await engine_pause(s, "vllm", engine.address, "keep", 5.0)
+    assert engine.requests == [(1, "POST /pause?mode=keep HTTP/1.1"),
+                               (2, "POST /pause?mode=keep HTTP/1.1")]  # fmt: skip

@@ -8,8 +8,11 @@ leaves the session's engine serving seed 0 again.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +21,7 @@ from typing import Any
 import pytest
 
 from prorl_async.client import RolloutError
+from prorl_async.llm.engines import ENGINE_KEEPALIVE_S, engine_connector
 from prorl_async.vllm_cpu import EngineEnv, VllmProcess
 from tests.engines.conftest import ENGINE_TIMEOUT, EngineServer, engine_post, running_requests
 from tests.serverutil import Server, eventually
@@ -193,6 +197,22 @@ async def test_pause_then_resume_by_hand(
         assert set(doc["response_versions"]) == {5}
         assert (await engine_get(vllm, "/weight_info"))["weight_version"] == "5"
         assert (await engine_get(vllm, "/is_paused"))["is_paused"] is False
+
+
+async def test_the_pool_gives_up_an_idle_connection_before_the_engine_closes_it(
+    engine_env: EngineEnv,
+) -> None:
+    """A weight call sent on a kept-alive connection the engine is closing at that moment
+    fails unread (CI saw it once, on a teardown's load after a long test); the pool's
+    connections must be dropped idle before vLLM's own keep-alive timeout ends them."""
+    code = "import vllm.envs as e; print(e.VLLM_HTTP_TIMEOUT_KEEP_ALIVE)"
+    cmd = [str(engine_env.python), "-c", code]
+    run = functools.partial(subprocess.run, capture_output=True, text=True, timeout=300)
+    out = await asyncio.to_thread(run, cmd, check=True)
+    assert ENGINE_KEEPALIVE_S < float(out.stdout.strip().splitlines()[-1]) - 1.0
+    connector = engine_connector()
+    assert connector._keepalive_timeout == ENGINE_KEEPALIVE_S
+    await connector.close()
 
 
 async def test_a_load_that_cannot_fit_is_refused_and_nothing_stops(
