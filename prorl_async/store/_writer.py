@@ -19,6 +19,7 @@ waits for an answer that cannot come.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import functools
 import logging
 import os
@@ -37,6 +38,8 @@ __all__ = ["StoreWriteError", "Writer"]
 log = logging.getLogger(__name__)
 
 Statement = tuple[str, tuple[Any, ...]]
+# The pipe's size (Linux's default unprivileged maximum, /proc/sys/fs/pipe-max-size).
+_PIPE_BYTES = 1 << 20
 # How long ``aclose`` waits for the writer to commit what is queued and exit.
 _CLOSE_S = 60.0
 
@@ -94,6 +97,7 @@ class Writer:
         )
         assert self._proc.stdin is not None and self._proc.stdout is not None
         self._wfd, self._rfd = self._proc.stdin.fileno(), self._proc.stdout.fileno()
+        _widen(self._wfd)
         os.set_blocking(self._wfd, False)
         os.set_blocking(self._rfd, False)
         loop.add_reader(self._rfd, self._readable)
@@ -297,6 +301,20 @@ class Writer:
             assert self._proc.stdout is not None
             self._proc.stdout.close()
             self._rfd = -1
+
+
+def _widen(fd: int) -> None:
+    """Give the pipe to the writer room for many batches (64 KiB by default: two chunks
+    of results). A batch that does not fit waits in ``_out`` for the loop's next poll
+    for writability, one loop iteration later, and under load an iteration is several
+    milliseconds: each batch queued behind a commit paid it, and its 202s waited."""
+    size = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
+    if size is None:
+        return
+    try:
+        fcntl.fcntl(fd, size, _PIPE_BYTES)
+    except OSError:  # over /proc/sys/fs/pipe-max-size, or the user's pipe quota: keep it
+        pass
 
 
 def _resolve(batches: list[_Batch], error: BaseException | None) -> None:

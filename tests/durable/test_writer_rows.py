@@ -184,6 +184,28 @@ async def test_a_killed_writer_fails_every_waiter_and_every_later_write(tmp_path
     assert tombs == [("j0", 1.0)]
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="F_SETPIPE_SZ is Linux's")
+async def test_a_batch_of_hundreds_of_jobs_goes_into_the_pipe_at_once(tmp_path: Path) -> None:
+    """A 500-job batch (~200 KB) is in the writer's pipe the moment it is handed over,
+    even while the writer is busy (stopped here): in a 64 KiB pipe its tail waited in the
+    loop for the next poll for writability, an iteration of a busy loop later."""
+    writer = Writer(_create(tmp_path / "jobs.sqlite3"), asyncio.get_running_loop())
+    try:
+        os.kill(writer.pid, signal.SIGSTOP)
+        for i in range(500):
+            writer.write(store_sqlite._ACCEPT, (f"j{i}", os.urandom(400), 0, "t"))
+        writer.cut(1)
+        assert writer._handed is not None and not writer._out  # all of it in the pipe
+        os.kill(writer.pid, signal.SIGCONT)
+        async with asyncio.timeout(30):
+            await writer.sync()
+    finally:
+        os.kill(writer.pid, signal.SIGCONT)
+        await writer.aclose()
+    jobs, _ = _tables(tmp_path / "jobs.sqlite3")
+    assert len(jobs) == 500
+
+
 async def test_close_commits_what_is_queued_and_reaps_the_writer(tmp_path: Path) -> None:
     writer = Writer(_create(tmp_path / "jobs.sqlite3"), asyncio.get_running_loop())
     body = os.urandom(1 << 20)  # more than a pipe holds: sent as the writer reads
