@@ -12,8 +12,9 @@ body (trusted: only the server writes the pipe):
 
 - server -> writer: first the row kinds ``[(sql, key, head, row, tail) | (sql, key)]``,
   then one frame per batch, ``(number, statements, last)``, ``statements`` a list of
-  ``(sql, params)`` run in order (rows of a kind gathered, see ``execute``), ``last`` a
-  list of ``(key, sql, params)``: per key, the latest is run once after them.
+  ``(sql, params)`` run in order (rows of a kind gathered, see ``execute``; ``params``
+  a list of tuples: ``sql`` once per tuple), ``last`` a list of ``(key, sql, params)``:
+  per key, the latest is run once after them.
 - writer -> server: ``(number, error)`` after each commit: every batch up to ``number``
   is committed (``error`` None) or was rolled back (``error`` the reason); ``(-1,
   error)`` if the writer itself fails (it cannot open the file, say) and exits.
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["STATEMENT_CACHE", "RowKind", "checkpoint", "connect", "execute", "frame", "frames"]
 
-Statement = tuple[str, tuple[Any, ...]]
+Statement = tuple[str, tuple[Any, ...] | list[tuple[Any, ...]]]
 _LEN = struct.Struct("<I")
 # Rows per multi-row statement at most: 256 rows of 6 parameters stay far below SQLite's
 # limit of 32,766 (999 before 3.32, where only DELETE ... IN has a multi-row form).
@@ -126,17 +127,22 @@ def execute(
             if pending:
                 _flush(conn, order, pending)
                 pending, seen = {}, {}
-            conn.execute(sql, params)
+            if isinstance(params, list):
+                conn.executemany(sql, params)
+            else:
+                conn.execute(sql, params)
             continue
-        at, key = order[kind], params[kind.key]
-        if seen.get(key, -1) >= at:
-            _flush(conn, order, pending)
-            pending, seen = {}, {}
-        seen[key] = at
-        rows = pending.get(kind)
-        if rows is None:
-            rows = pending[kind] = []
-        rows.append(params)
+        at = order[kind]
+        for row in params if isinstance(params, list) else [params]:
+            key = row[kind.key]
+            if seen.get(key, -1) >= at:
+                _flush(conn, order, pending)
+                pending, seen = {}, {}
+            seen[key] = at
+            rows = pending.get(kind)
+            if rows is None:
+                rows = pending[kind] = []
+            rows.append(row)
     if pending:
         _flush(conn, order, pending)
 
@@ -269,7 +275,7 @@ def _commit(
     taken: list[tuple[int, list[Statement], list[tuple[str, str, tuple[Any, ...]]]]],
 ) -> tuple[int, str | None]:
     statements: list[Statement] = []
-    last: dict[str, Statement] = {}
+    last: dict[str, tuple[str, tuple[Any, ...]]] = {}
     for _, batch, batch_last in taken:
         statements += batch
         for key, sql, params in batch_last:

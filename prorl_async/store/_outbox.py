@@ -61,6 +61,7 @@ class _Store(Protocol):
     """What the outbox uses of ``SqliteJobStore``."""
 
     def write(self, sql: str, params: tuple[Any, ...]) -> None: ...
+    def write_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None: ...
     def write_then(self, sql: str, params: tuple[Any, ...], done: Callable[[], None]) -> None: ...
     def query(self, fn: Callable[[sqlite3.Connection], T]) -> Awaitable[T]: ...
     async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]: ...
@@ -95,6 +96,10 @@ class SqliteOutbox:
     def forget(self, job_id: str) -> None:
         """The job's row went (deleted, expired): its settled delivery goes too."""
         self._store.write(_FORGET, (job_id,))
+
+    def forget_rows(self, rows: list[tuple[str]]) -> None:
+        """``forget`` for many jobs (expired together), rows of one job id each."""
+        self._store.write_rows(_FORGET, rows)
 
     def _write(self, sql: str, params: tuple[Any, ...], job_id: str) -> None:
         self._unsettled[job_id] += 1

@@ -37,7 +37,7 @@ __all__ = ["StoreWriteError", "Writer"]
 
 log = logging.getLogger(__name__)
 
-Statement = tuple[str, tuple[Any, ...]]
+Statement = tuple[str, tuple[Any, ...] | list[tuple[Any, ...]]]
 # The pipe's size (Linux's default unprivileged maximum, /proc/sys/fs/pipe-max-size).
 _PIPE_BYTES = 1 << 20
 # How long ``aclose`` waits for the writer to commit what is queued and exit.
@@ -122,6 +122,11 @@ class Writer:
         """Queue one statement; it is committed with its batch."""
         # An open batch means neither closed nor broken (both take it away).
         (self._batch or self._current()).statements.append((sql, params))
+
+    def write_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """Queue ``sql`` once per row of parameters, as one entry of the batch (a row
+        kind's rows, say: the writer takes each as it takes a row written alone)."""
+        (self._batch or self._current()).statements.append((sql, rows))
 
     def cut(self, size: int) -> None:
         """End the open batch here if it holds ``size`` statements or more: it goes to the

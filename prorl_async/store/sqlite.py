@@ -324,7 +324,7 @@ class SqliteJobStore:
     def expire(self, now: float | None = None) -> int:
         """Delete results (and tombstones) past their deadline; returns results dropped."""
         now = time.monotonic() if now is None else now
-        dropped = 0
+        gone: list[tuple[str]] = []
         floors: dict[str, int] = {}
         while self._expiry and self._expiry[0][0] <= now:
             deadline, job_id = self._expiry.popleft()
@@ -332,17 +332,18 @@ class SqliteJobStore:
             # A deleted-then-resubmitted id has a newer deadline (or is live again).
             if done is not None and done[1] == deadline and job_id not in self._live:
                 self._drop_done(job_id)
-                self.write(_EXPIRE, (job_id,))
-                self.outbox.forget(job_id)
+                gone.append((job_id,))
                 if done[2] is not None:
                     floors[done[3]] = max(floors.get(done[3], 0), done[2])
-                dropped += 1
+        if gone:  # one entry of the batch for the rows, one for their deliveries
+            self.write_rows(_EXPIRE, gone)
+            self.outbox.forget_rows(gone)
         for tenant, seq in floors.items():
             self.log.expire(tenant, seq)
             self.write(_completions.FLOOR, (tenant, seq))
         for job_id in self._tombstones.expire(now):
             self.write(_UNTOMB, (job_id,))
-        return dropped
+        return len(gone)
 
     def freeze(self) -> None:
         """From now on (shutdown), jobs cancelled by the server stay unfinished on disk."""
@@ -371,6 +372,10 @@ class SqliteJobStore:
         if writer is None:
             raise RuntimeError(f"job store {self.path} is not open")
         writer.write(sql, params)
+
+    def write_rows(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """Queue ``sql`` once per row of parameters, as one entry of the batch."""
+        self._writer_().write_rows(sql, rows)
 
     def write_then(self, sql: str, params: tuple[Any, ...], done: Callable[[], None]) -> None:
         """Queue one statement; call ``done`` on the loop once its transaction committed."""
