@@ -101,11 +101,12 @@ class MemoryJobStore:
     def __len__(self) -> int:
         return len(self._jobs)
 
-    def expire(self, now: float | None = None) -> int:
-        """Drop results older than the retention time; returns how many were dropped."""
+    def expire(self, now: float | None = None, limit: int | None = None) -> int:
+        """Drop results older than the retention time (at most ``limit``); returns how
+        many were dropped."""
         now = time.monotonic() if now is None else now
         dropped = 0
-        while self._expiry and self._expiry[0][0] <= now:
+        while self._expiry and self._expiry[0][0] <= now and dropped != limit:
             _, job_id = self._expiry.popleft()
             job = self._jobs.get(job_id)
             # A deleted-then-resubmitted id may be live again: only drop terminal records.

@@ -321,12 +321,13 @@ class SqliteJobStore:
         self._tombstones.add(job_id, deadline)
         self.write(_TOMBSTONE, (job_id, _mono_to_wall(deadline)))
 
-    def expire(self, now: float | None = None) -> int:
-        """Delete results (and tombstones) past their deadline; returns results dropped."""
+    def expire(self, now: float | None = None, limit: int | None = None) -> int:
+        """Delete results (at most ``limit``) and tombstones past their deadline; returns
+        results dropped."""
         now = time.monotonic() if now is None else now
         gone: list[tuple[str]] = []
         floors: dict[str, int] = {}
-        while self._expiry and self._expiry[0][0] <= now:
+        while self._expiry and self._expiry[0][0] <= now and len(gone) != limit:
             deadline, job_id = self._expiry.popleft()
             done = self._done.get(job_id)
             # A deleted-then-resubmitted id has a newer deadline (or is live again).

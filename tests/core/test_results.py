@@ -131,3 +131,26 @@ async def test_bad_cursor_parameters_are_400_naming_them(
         async with aiohttp.ClientSession() as s, s.get(srv.url + query, headers=headers) as r:
             assert r.status == 400
             assert (await r.json())["detail"].startswith(named)
+
+
+@pytest.mark.parametrize("store", ["memory", "sqlite"])
+async def test_expiry_in_slices_drops_the_oldest_first_and_all_of_them_in_the_end(
+    make_server: ServerFactory, store: str
+) -> None:
+    """The sweeper drops results a slice a loop step (``expire(limit=...)``): each slice the
+    oldest due, none twice, and every result due in the end."""
+    async with make_server(store=store, retention_s=60) as srv:
+        c, st = srv.client, srv.service.store
+        ids = []
+        for _ in range(7):  # one at a time: they finish, and expire, in this order
+            [job] = await c.submit_batch([SLEEP])
+            assert (await c.result(job, wait=30) or {})["status"] == "done"
+            ids.append(job)
+        [fresh] = await c.submit_batch([{**SLEEP, "instance": {"run_s": 3600}}])
+        later = time.monotonic() + 61
+        assert st.expire(later, 3) == 3
+        out = await c.poll(ids, wait=0)
+        assert out["unknown"] == ids[:3] and [d["job_id"] for d in out["done"]] == ids[3:]
+        assert [st.expire(later, 3) for _ in range(3)] == [3, 1, 0]
+        out = await c.poll([*ids, fresh], wait=0)
+        assert out["unknown"] == ids and out["pending"] == [fresh]  # a live job never expires
