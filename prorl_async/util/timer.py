@@ -52,24 +52,13 @@ class PausableTimer:
         return left is not None and left <= 0
 
     def resume(self) -> float:
-        """Run (if paused); returns the clock's reading.
-
-        The deadline in force (if any) is armed for when the budget runs out: one loop
-        step later, for the time it runs out then (the same instant; see ``Deadline``).
-        Its arming is written here, not in a method of its own: a stage resumes its
-        timer once and pauses it once, three times a job."""
+        """Run (if paused); returns the clock's reading. The deadline in force (if any)
+        is armed for when the budget runs out."""
         now = self._clock()
         if self._since is None:
             self._since = now
-            deadline = self._timeout
-            if deadline is not None and deadline._state == _ENTERED and self.budget is not None:
-                if deadline._handle is not None:
-                    deadline._handle.cancel()
-                    deadline._handle = None
-                if not deadline._arming:
-                    deadline._arming = True
-                    loop = asyncio.get_running_loop()
-                    (_DUE.get(loop) or _due(loop)).append(deadline)
+            if self._timeout is not None:
+                self._timeout.arm()
             if self.watcher is not None:
                 self.watcher(-1)
         return now
@@ -81,10 +70,8 @@ class PausableTimer:
         if self._since is not None:
             self._active += now - self._since
             self._since = None
-            deadline = self._timeout
-            if deadline is not None and deadline._handle is not None:
-                deadline._handle.cancel()
-                deadline._handle = None
+            if self._timeout is not None:
+                self._timeout.disarm()
             if self.watcher is not None:
                 self.watcher(1)
         return now
@@ -173,6 +160,25 @@ class Deadline:
     def expired(self) -> bool:
         """Whether the budget ran out (the body was cancelled for it)."""
         return self._state == _EXPIRING or self._state == _EXPIRED
+
+    def arm(self) -> None:
+        """The timer runs: cancel the body when its budget runs out (armed one loop step
+        later, for the time the budget runs out then: the same instant)."""
+        if self._state != _ENTERED or self._timer.budget is None:
+            return
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if not self._arming:
+            self._arming = True
+            loop = asyncio.get_running_loop()
+            (_DUE.get(loop) or _due(loop)).append(self)
+
+    def disarm(self) -> None:
+        """The timer is paused: no deadline until it runs again."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
     def _arm(self) -> None:
         """Armed at the step after a resume (``_arm_due``: only while entered)."""
