@@ -283,8 +283,8 @@ def interval(ratios: list[float], draws: int = 2_000) -> str:
     """The 5th-95th percentile of the median of ``ratios`` resampled with replacement
     (seeded: the same rounds print the same interval)."""
     rng = random.Random(0)
-    meds = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws))
-    return f"[{meds[draws // 20]:.2f}-{meds[draws - 1 - draws // 20]:.2f}]"
+    meds = [statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(draws)]
+    return f"[{pct(meds, 0.05):.2f}-{pct(meds, 0.95):.2f}]"
 
 
 def paired_report(args: argparse.Namespace, figs: dict[str, dict[str, list[float]]]) -> None:
