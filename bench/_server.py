@@ -102,19 +102,24 @@ async def _spawn(
     )
     assert proc.stderr is not None
     drain: asyncio.Task[None] | None = None
+    said: list[str] = []  # what it wrote before listening: the reason if it never does
     try:
         async with asyncio.timeout(30):
             while True:
                 line = (await proc.stderr.readline()).decode()
                 if not line:
-                    raise RuntimeError("server exited before listening")
+                    raise RuntimeError(
+                        f"{' '.join(argv)}: exited before listening:\n{''.join(said[-20:])}"
+                    )
+                said.append(line)
                 found = re.search(r"listening on (http://\S+)", line)
                 if found:
                     break
         drain = asyncio.create_task(_drain(proc.stderr))
         yield proc.pid, found.group(1)
     finally:
-        proc.terminate()
+        if proc.returncode is None:
+            proc.terminate()
         await proc.wait()
         if drain is not None:
             await drain
