@@ -50,10 +50,15 @@ class _Log:
         self.waiting = 0
 
     def append(self, seq: int, job_id: str, status: str, reward: float | None) -> None:
-        at = len(self.seqs)
-        if at and seq <= self.seqs[-1]:  # never in order of commits; kept correct anyway
-            at = bisect_right(self.seqs, seq, self.start)
-        self.seqs.insert(at, seq)
+        seqs = self.seqs
+        if not seqs or seq > seqs[-1]:  # the common case: commits come in seq order
+            seqs.append(seq)
+            self.ids.append(job_id)
+            self.codes.append(_CODE.get(status, 1))
+            self.rewards.append(math.nan if reward is None else reward)
+            return
+        at = bisect_right(seqs, seq, self.start)  # out of order: kept correct anyway
+        seqs.insert(at, seq)
         self.ids.insert(at, job_id)
         self.codes.insert(at, _CODE.get(status, 1))
         self.rewards.insert(at, math.nan if reward is None else reward)
@@ -128,6 +133,24 @@ class CompletionLog:
             # One wake-up per tenant per loop iteration, however many entries a commit adds.
             self._notify.add(tenant)
             asyncio.get_running_loop().call_soon(self._wake, tenant)
+
+    def commit_many(self, entries: list[tuple[str, int, str, str, float | None]]) -> None:
+        """``commit`` for each of ``entries`` ``(tenant, seq, job_id, status, reward)``,
+        with one wake-up per tenant (a transaction's results, say)."""
+        logs: dict[str, _Log] = {}
+        top = self.committed
+        for tenant, seq, job_id, status, reward in entries:
+            log = logs.get(tenant)
+            if log is None:
+                log = logs[tenant] = self._log(tenant)
+            log.append(seq, job_id, status, reward)
+            if seq > top:
+                top = seq
+        self.committed = top
+        for tenant, log in logs.items():
+            if log.waiting and tenant not in self._notify:
+                self._notify.add(tenant)
+                asyncio.get_running_loop().call_soon(self._wake, tenant)
 
     def _wake(self, tenant: str) -> None:
         self._notify.discard(tenant)

@@ -395,12 +395,15 @@ class SqliteJobStore:
     ) -> None:
         """After the transaction holding these results: they are no longer served from
         ``_pending``; the completion log has them (if that transaction committed)."""
-        pending, log = self._pending, self.log
+        pending = self._pending
+        entries = []
         for job_id, body, entry in results:
             if pending.get(job_id) is body:
                 del pending[job_id]
-            if ok and entry is not None:
-                log.commit(*entry)
+            if entry is not None:
+                entries.append(entry)
+        if ok and entries:
+            self.log.commit_many(entries)
 
     async def query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` on the reader connection in a worker thread (committed rows only)."""
