@@ -50,18 +50,19 @@ class _Log:
         self.waiting = 0
 
     def append(self, seq: int, job_id: str, status: str, reward: float | None) -> None:
+        code, value = _CODE.get(status, 1), math.nan if reward is None else reward
         seqs = self.seqs
         if not seqs or seq > seqs[-1]:  # the common case: commits come in seq order
             seqs.append(seq)
             self.ids.append(job_id)
-            self.codes.append(_CODE.get(status, 1))
-            self.rewards.append(math.nan if reward is None else reward)
+            self.codes.append(code)
+            self.rewards.append(value)
             return
         at = bisect_right(seqs, seq, self.start)  # out of order: kept correct anyway
         seqs.insert(at, seq)
         self.ids.insert(at, job_id)
-        self.codes.insert(at, _CODE.get(status, 1))
-        self.rewards.insert(at, math.nan if reward is None else reward)
+        self.codes.insert(at, code)
+        self.rewards.insert(at, value)
 
     def has_after(self, cursor: int) -> bool:
         return len(self.seqs) > self.start and self.seqs[-1] > cursor
@@ -129,10 +130,7 @@ class CompletionLog:
         log = self._log(tenant)
         log.append(seq, job_id, status, reward)
         self.committed = max(self.committed, seq)
-        if log.waiting and tenant not in self._notify:
-            # One wake-up per tenant per loop iteration, however many entries a commit adds.
-            self._notify.add(tenant)
-            asyncio.get_running_loop().call_soon(self._wake, tenant)
+        self._wake_soon(tenant, log)
 
     def commit_many(self, entries: list[tuple[str, int, str, str, float | None]]) -> None:
         """``commit`` for each of ``entries`` ``(tenant, seq, job_id, status, reward)``,
@@ -148,9 +146,14 @@ class CompletionLog:
                 top = seq
         self.committed = top
         for tenant, log in logs.items():
-            if log.waiting and tenant not in self._notify:
-                self._notify.add(tenant)
-                asyncio.get_running_loop().call_soon(self._wake, tenant)
+            self._wake_soon(tenant, log)
+
+    def _wake_soon(self, tenant: str, log: _Log) -> None:
+        """Wake ``tenant``'s waiting readers at the next loop iteration: one wake-up per
+        tenant per iteration, however many entries were committed."""
+        if log.waiting and tenant not in self._notify:
+            self._notify.add(tenant)
+            asyncio.get_running_loop().call_soon(self._wake, tenant)
 
     def _wake(self, tenant: str) -> None:
         self._notify.discard(tenant)
