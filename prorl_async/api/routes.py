@@ -132,6 +132,7 @@ async def process_batch(request: web.Request) -> web.Response:
     if len(req.jobs) > svc.config.max_batch:
         raise PayloadTooLarge(f"jobs: {len(req.jobs)} jobs, over max_batch={svc.config.max_batch}")
     ids = svc.submit_batch(req.jobs, viewer(request).name)
+    svc.store.flush()  # a batch fills a commit of its own: no need to wait for others
     await svc.store.sync()
     return _json(BatchResponse(job_ids=ids), 202)
 

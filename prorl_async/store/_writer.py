@@ -78,6 +78,10 @@ class Writer:
         self._sent: deque[_Batch] = deque()  # sent, not yet answered, in order
         self._handed: _Batch | None = None  # the last batch sent
         self._number = 0
+        # The number the open batch (or the next one) gets: what is written now is in it.
+        self.next_batch = 1
+        # Every batch up to this number has its answer: committed, or failed.
+        self.settled = 0
         self._closed = False
         self._broken: StoreWriteError | None = None
         self._out = bytearray()  # not yet taken by the pipe
@@ -159,6 +163,10 @@ class Writer:
             batch.after.append((functools.partial(callback, items), True))
         return items
 
+    def flush(self) -> None:
+        """Send the open batch to the writer now (see ``cut``: the same caveat)."""
+        self._hand_over()
+
     async def sync(self) -> None:
         """Return once every statement queued so far is committed; raise if the commit failed."""
         batch = self._batch if self._batch is not None else self._handed
@@ -203,6 +211,7 @@ class Writer:
         if batch is None or batch.done:
             return
         self._number += 1
+        self.next_batch = self._number + 1
         batch.number = self._number
         self._handed = batch
         last, self._last = self._last, {}
@@ -275,6 +284,7 @@ class Writer:
             done: list[_Batch] = []
             while self._sent and self._sent[0].number <= number:
                 done.append(self._sent.popleft())
+            self.settled = max(self.settled, number)
             _resolve(done, failed)
 
     def _fail(self, what: str) -> None:
@@ -288,6 +298,7 @@ class Writer:
         self._wake_drained()
         unanswered = list(self._sent)
         self._sent.clear()
+        self.settled = self.next_batch  # none will be answered: each fails now
         if self._batch is not None:
             unanswered.append(self._batch)
             self._batch = None

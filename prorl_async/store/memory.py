@@ -131,6 +131,9 @@ class MemoryJobStore:
     def freeze(self) -> None:
         """Nothing is persisted, so there is nothing to keep unchanged at shutdown."""
 
+    def flush(self) -> None:
+        """Nothing is written."""
+
     async def sync(self) -> None:
         """Nothing to make durable."""
 

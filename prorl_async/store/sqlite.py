@@ -2,9 +2,10 @@
 
 Every accepted job is a row (its request, so a restart can run it again); a terminal
 job's row gains the exact result bytes served; cancelled ids are tombstone rows;
-expiry deletes rows. Writes go through one writer thread with group commit. In
-memory stay the live jobs, a small index (id -> terminal status) and a result cache
-bounded in bytes; a result missing from the cache is read back from the file.
+expiry deletes rows. Writes go through one writer process with group commit. In
+memory stay the live jobs and an index of terminal ones (id -> status, expiry, seq,
+tenant) that also keeps the newest result documents, up to a bound in bytes: older
+ones are dropped from memory oldest first and read back from the file.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import sqlite3
 import sys
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -96,6 +97,12 @@ _encoder = msgspec.json.Encoder()
 _FINISH_CHUNK = 64
 
 
+# A terminal job: status, expiry deadline (monotonic), seq, tenant, its result document
+# while kept in memory (None once dropped: read back from the file), and the number of
+# the write batch holding its result (served only once that batch is committed).
+_Done = tuple[str, float, int | None, str, bytes | None, int]
+
+
 class StoreError(RuntimeError):
     """The job database cannot be used; the message names the file and what is wrong."""
 
@@ -121,16 +128,17 @@ class SqliteJobStore:
         self.tombstone_s = tombstone_s
         self.cache_limit = cache_bytes
         self._live: dict[str, Job] = {}
-        # Terminal ids: status, expiry deadline (monotonic), seq, tenant. Results live in
-        # the file.
-        self._done: dict[str, tuple[str, float, int | None, str]] = {}
+        # Terminal ids, one record each (one dict: a job's end, a read and its expiry
+        # each touch one entry): see ``_Done``.
+        self._done: dict[str, _Done] = {}
+        # (deadline, id) in the order jobs ended: expiry pops from the left. Its first
+        # ``_uncached`` entries have had their documents dropped from memory (the cache
+        # bound drops the oldest first).
         self._expiry: deque[tuple[float, str]] = deque()
+        self._uncached = 0
+        self._cache_bytes = 0
         self._tombstones = Tombstones()
         self._counts: Counter[str] = Counter()
-        self._cache: OrderedDict[str, bytes] = OrderedDict()
-        self._cache_bytes = 0
-        # Results written but not yet committed: served from here until the commit.
-        self._pending: dict[str, bytes] = {}
         self._frozen = False
         self._reader: sqlite3.Connection | None = None
         self._reading = asyncio.Lock()
@@ -180,8 +188,9 @@ class SqliteJobStore:
         )
         for job_id, status, expires_at, seq, tenant in rows:
             deadline = _wall_to_mono(expires_at)
-            self._done[job_id] = (sys.intern(status), deadline, seq, sys.intern(tenant))
+            self._done[job_id] = (sys.intern(status), deadline, seq, sys.intern(tenant), None, 0)
             self._expiry.append((deadline, job_id))
+        self._uncached = len(self._expiry)  # their documents are in the file only
         _completions.load_log(conn, self.log)
         for job_id, expires_at in conn.execute(
             "SELECT id, expires_at FROM tombstones ORDER BY expires_at"
@@ -217,36 +226,36 @@ class SqliteJobStore:
         return None if done is None else done[2]
 
     async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]:
-        """From the cache or the write queue; the rest in one read in a worker thread (a
-        read may wait for the disk or for the writer's lock: never on the event loop).
+        """From memory; those no longer kept there in one read in a worker thread (a read
+        may wait for the disk or for the writer's lock: never on the event loop).
 
         Only committed results are returned: one still in the write queue waits for its
         commit, so what a client read is never taken back by a crash (a requeued job
         would run again and answer other bytes)."""
         found: dict[str, bytes] = {}
         missing = []
+        batch = 0  # the newest write batch holding one of them
+        done = self._done
         for job_id in job_ids:
-            if job_id not in self._done:
+            record = done.get(job_id)
+            if record is None:
                 continue
-            body = self._cache.get(job_id)
-            if body is not None:
-                self._cache.move_to_end(job_id)
-            else:
-                body = self._pending.get(job_id)
+            if record[5] > batch:
+                batch = record[5]
+            body = record[4]
             if body is None:
                 missing.append(job_id)
             else:
                 found[job_id] = body
-        if not self._pending.keys().isdisjoint(found):
-            await self.sync()
+        writer = self._writer
+        if writer is not None and batch > writer.settled:
+            await self.sync()  # before reading the file, too: the row is there once committed
         if missing:
             async with self._reading:  # one thread on the reader connection at a time
                 if self._reader is None:
                     raise RuntimeError(f"job store {self.path} is not open")
                 read = await asyncio.to_thread(_read_results, self._reader, missing)
-            found.update(read)
-            for job_id, body in read.items():
-                self._cache_put(job_id, body)
+            found.update(read)  # not kept in memory again: reads of old results are rare
         return found
 
     def is_tombstoned(self, job_id: str) -> bool:
@@ -273,7 +282,8 @@ class SqliteJobStore:
     def add(self, job: Job) -> None:
         job_id = job.id
         self._live[job_id] = job
-        self._drop_done(job_id)  # an id used again: its old result goes
+        if job_id in self._done:  # an id used again: its old result goes
+            self._drop_done(job_id)
         request = b"{}" if job.request is None else _encoder.encode(job.request)
         self.write(_ACCEPT, (job_id, request, job.restarts, job.tenant))
 
@@ -287,21 +297,24 @@ class SqliteJobStore:
         deadline = time.monotonic() + self.retention_s
         body = job.result or b""
         seq = job.seq
-        self._done[job_id] = (status, deadline, seq, job.tenant)
+        size = len(body)
+        kept = body if size <= self.cache_limit else None  # else it alone would empty it
+        self._done[job_id] = (status, deadline, seq, job.tenant, kept, writer.next_batch)
         self._expiry.append((deadline, job_id))
         self._counts[status] += 1
-        self._cache_put(job_id, body)
-        self._pending[job_id] = body
-        wall = now + self.retention_s
-        writer.write(_FINISH, (status, body, wall, seq, job.reward, job_id))
+        if kept is not None:
+            self._cache_bytes += size
+            if self._cache_bytes > self.cache_limit:
+                self._evict()
+        writer.write(_FINISH, (status, body, now + self.retention_s, seq, job.reward, job_id))
         if job.callback_url is not None:  # one transaction with the result: never lost
             self.outbox.add(job_id, job.callback_url, now)
-        entry = None
         if seq is not None:
             # Readers of the completion log see it once the result and its seq are durable.
-            entry = (job.tenant, seq, job_id, status, job.reward)
             writer.write_last("last_seq", _completions.LAST_SEQ, (seq,))
-        writer.gather("results", self._committed).append((job_id, body, entry))
+            writer.gather("log", self._committed).append(
+                (job.tenant, seq, job_id, status, job.reward)
+            )
         if status == "cancelled":
             self.tombstone(job_id)
         # Jobs that end in one loop step (a wave of short ones) go to the writer in chunks,
@@ -329,6 +342,8 @@ class SqliteJobStore:
         floors: dict[str, int] = {}
         while self._expiry and self._expiry[0][0] <= now and len(gone) != limit:
             deadline, job_id = self._expiry.popleft()
+            if self._uncached:
+                self._uncached -= 1
             done = self._done.get(job_id)
             # A deleted-then-resubmitted id has a newer deadline (or is live again).
             if done is not None and done[1] == deadline and job_id not in self._live:
@@ -349,6 +364,13 @@ class SqliteJobStore:
     def freeze(self) -> None:
         """From now on (shutdown), jobs cancelled by the server stay unfinished on disk."""
         self._frozen = True
+
+    def flush(self) -> None:
+        """Hand what is queued to the writer now, not at the end of this loop step: for a
+        caller about to wait for its commit (a batch submit). The rest of the step's work
+        then runs while the writer commits, and its answer is not one step later."""
+        if self._writer is not None:
+            self._writer.flush()
 
     async def sync(self) -> None:
         """Wait until every write issued so far is committed to the file."""
@@ -388,21 +410,10 @@ class SqliteJobStore:
             raise RuntimeError(f"job store {self.path} is not open")
         return self._writer
 
-    def _committed(
-        self,
-        results: list[tuple[str, bytes, tuple[str, int, str, str, float | None] | None]],
-        ok: bool,
-    ) -> None:
-        """After the transaction holding these results: they are no longer served from
-        ``_pending``; the completion log has them (if that transaction committed)."""
-        pending = self._pending
-        entries = []
-        for job_id, body, entry in results:
-            if pending.get(job_id) is body:
-                del pending[job_id]
-            if entry is not None:
-                entries.append(entry)
-        if ok and entries:
+    def _committed(self, entries: list[tuple[str, int, str, str, float | None]], ok: bool) -> None:
+        """After the transaction holding these results: the completion log has them (if
+        that transaction committed)."""
+        if ok:
             self.log.commit_many(entries)
 
     async def query(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -413,24 +424,25 @@ class SqliteJobStore:
             return await asyncio.to_thread(fn, self._reader)
 
     def _drop_done(self, job_id: str) -> bool:
-        if job_id not in self._done and job_id not in self._cache and job_id not in self._pending:
-            return False  # the common case (a new id): lookups, where pops that miss cost more
-        self._pending.pop(job_id, None)
-        body = self._cache.pop(job_id, None)
-        if body is not None:
-            self._cache_bytes -= len(body)
-        return self._done.pop(job_id, None) is not None
+        record = self._done.pop(job_id, None)
+        if record is None:
+            return False
+        if record[4] is not None:
+            self._cache_bytes -= len(record[4])
+        return True
 
-    def _cache_put(self, job_id: str, body: bytes) -> None:
-        if job_id in self._cache:  # rare (a lookup, where a pop that misses costs more)
-            self._cache_bytes -= len(self._cache.pop(job_id))
-        if len(body) > self.cache_limit:
-            return
-        self._cache[job_id] = body
-        self._cache_bytes += len(body)
-        while self._cache_bytes > self.cache_limit:
-            _, evicted = self._cache.popitem(last=False)
-            self._cache_bytes -= len(evicted)
+    def _evict(self) -> None:
+        """Drop the oldest documents from memory until the rest fit in ``cache_limit``
+        (their rows have them; a document still in the write queue is read back once
+        committed, see ``results``)."""
+        expiry, done = self._expiry, self._done
+        while self._cache_bytes > self.cache_limit and self._uncached < len(expiry):
+            deadline, job_id = expiry[self._uncached]  # a deque walks from its nearer end
+            self._uncached += 1
+            record = done.get(job_id)
+            if record is not None and record[1] == deadline and record[4] is not None:
+                self._cache_bytes -= len(record[4])
+                done[job_id] = (*record[:4], None, record[5])
 
 
 def _read_results(conn: sqlite3.Connection, job_ids: list[str]) -> dict[str, bytes]:
