@@ -387,3 +387,45 @@ async def test_a_wave_of_results_goes_to_the_writer_in_chunks_a_job_whole(
     finally:
         reader.close()
         await store.aclose()
+
+
+async def test_a_result_dropped_from_memory_before_its_commit_is_read_after_it(
+    tmp_path: Path,
+) -> None:
+    """Results past the memory bound drop oldest first, even before their commit: a read of
+    them waits for that commit and then finds them in the file (never reported missing,
+    never served uncommitted). The writer is stopped while they end."""
+    path = tmp_path / "jobs.sqlite3"
+    store = SqliteJobStore(path=path, retention_s=600, tombstone_s=600, cache_bytes=100)
+    store.open()
+    try:
+        jobs = [_ended(i, callback=False) for i in range(3)]
+        for job in jobs:
+            store.add(job)
+        await store.sync()
+        writer = store._writer
+        assert writer is not None
+        os.kill(writer.pid, signal.SIGSTOP)
+        try:
+            for i, job in enumerate(jobs):  # ~55 bytes each: the first two drop from memory
+                job.status, job.result, job.seq = (
+                    "done",
+                    b'{"i": %d, "pad": "%s"}'
+                    % (
+                        i,
+                        b"x" * 40,
+                    ),
+                    i + 1,
+                )
+                store.finished(job)
+            assert store.stats().cache_bytes == len(jobs[2].result or b"")
+            read = asyncio.create_task(store.results([job.id for job in jobs]))
+            # Nothing can commit while the writer is stopped: no answer in this second.
+            answered, _ = await asyncio.wait({read}, timeout=1.0)
+            assert not answered, read.result()
+        finally:
+            os.kill(writer.pid, signal.SIGCONT)
+        got = await asyncio.wait_for(read, 30)
+        assert got == {job.id: job.result for job in jobs}
+    finally:
+        await store.aclose()
