@@ -77,7 +77,6 @@ class Writer:
         self._last: dict[str, Statement] = {}
         self._sent: deque[_Batch] = deque()  # sent, not yet answered, in order
         self._handed: _Batch | None = None  # the last batch sent
-        self._number = 0
         # The number the open batch (or the next one) gets: what is written now is in it.
         self.next_batch = 1
         # Every batch up to this number has its answer: committed, or failed.
@@ -163,10 +162,6 @@ class Writer:
             batch.after.append((functools.partial(callback, items), True))
         return items
 
-    def flush(self) -> None:
-        """Send the open batch to the writer now (see ``cut``: the same caveat)."""
-        self._hand_over()
-
     async def sync(self) -> None:
         """Return once every statement queued so far is committed; raise if the commit failed."""
         batch = self._batch if self._batch is not None else self._handed
@@ -210,9 +205,8 @@ class Writer:
         batch, self._batch = self._batch, None
         if batch is None or batch.done:
             return
-        self._number += 1
-        self.next_batch = self._number + 1
-        batch.number = self._number
+        batch.number = self.next_batch
+        self.next_batch += 1
         self._handed = batch
         last, self._last = self._last, {}
         try:

@@ -370,7 +370,7 @@ class SqliteJobStore:
         caller about to wait for its commit (a batch submit). The rest of the step's work
         then runs while the writer commits, and its answer is not one step later."""
         if self._writer is not None:
-            self._writer.flush()
+            self._writer.cut(0)
 
     async def sync(self) -> None:
         """Wait until every write issued so far is committed to the file."""
