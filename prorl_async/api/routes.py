@@ -174,7 +174,7 @@ async def poll(request: web.Request) -> web.Response:
     if len(live) == len(known):  # nothing finished yet: wait for the first to end
         await svc.wait_any(live, req.wait)
     done, pending = [], []
-    bodies = await store.results(known)
+    bodies = await store.results(known, partial=True)  # committed ones now, the rest pending
     for job_id in known:
         body = bodies.get(job_id)
         if body is None:

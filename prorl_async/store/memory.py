@@ -54,7 +54,7 @@ class MemoryJobStore:
         job = self._jobs.get(job_id)
         return None if job is None else job.seq
 
-    async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]:
+    async def results(self, job_ids: Sequence[str], *, partial: bool = False) -> dict[str, bytes]:
         found = {}
         for job_id in job_ids:
             job = self._jobs.get(job_id)

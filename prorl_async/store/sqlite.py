@@ -225,31 +225,44 @@ class SqliteJobStore:
         done = self._done.get(job_id)
         return None if done is None else done[2]
 
-    async def results(self, job_ids: Sequence[str]) -> dict[str, bytes]:
+    async def results(self, job_ids: Sequence[str], *, partial: bool = False) -> dict[str, bytes]:
         """From memory; those no longer kept there in one read in a worker thread (a read
         may wait for the disk or for the writer's lock: never on the event loop).
 
         Only committed results are returned: one still in the write queue waits for its
         commit, so what a client read is never taken back by a crash (a requeued job
-        would run again and answer other bytes)."""
+        would run again and answer other bytes). ``partial``: if some are committed
+        already, return those now and leave out the rest (a poll answers with what it
+        has and lists the others as pending); wait for a commit only if none is."""
         found: dict[str, bytes] = {}
         missing = []
-        batch = 0  # the newest write batch holding one of them
+        writer = self._writer
+        settled = writer.settled if writer is not None else sys.maxsize
+        held: list[str] = []  # terminal, in a write batch not yet committed
         done = self._done
         for job_id in job_ids:
             record = done.get(job_id)
             if record is None:
                 continue
-            if record[5] > batch:
-                batch = record[5]
+            if record[5] > settled:
+                held.append(job_id)
+                continue
             body = record[4]
             if body is None:
                 missing.append(job_id)
             else:
                 found[job_id] = body
-        writer = self._writer
-        if writer is not None and batch > writer.settled:
+        if held and not (partial and (found or missing)):
             await self.sync()  # before reading the file, too: the row is there once committed
+            for job_id in held:
+                record = done.get(job_id)
+                if record is None:  # deleted meanwhile
+                    continue
+                body = record[4]
+                if body is None:
+                    missing.append(job_id)
+                else:
+                    found[job_id] = body
         if missing:
             async with self._reading:  # one thread on the reader connection at a time
                 if self._reader is None:

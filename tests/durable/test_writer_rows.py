@@ -429,3 +429,49 @@ async def test_a_result_dropped_from_memory_before_its_commit_is_read_after_it(
         assert got == {job.id: job.result for job in jobs}
     finally:
         await store.aclose()
+
+
+async def test_a_partial_read_answers_committed_results_now_and_waits_only_if_none_is(
+    tmp_path: Path,
+) -> None:
+    """``results(partial=True)`` (what /poll asks): results already committed come back at
+    once and those still in the write queue are left out (the poll lists them as pending);
+    with none committed it waits for the commit, as a full read always does. The writer is
+    stopped while the second group ends."""
+    path = tmp_path / "jobs.sqlite3"
+    store = SqliteJobStore(path=path, retention_s=600, tombstone_s=600, cache_bytes=1 << 20)
+    store.open()
+    try:
+        jobs = [_ended(i, callback=False) for i in range(5)]
+        for job in jobs:
+            store.add(job)
+        for i, job in enumerate(jobs):
+            job.status, job.result, job.seq = "done", b'{"i": %d}' % i, i + 1
+        for job in jobs[:3]:
+            store.finished(job)
+        await store.sync()
+        writer = store._writer
+        assert writer is not None
+        os.kill(writer.pid, signal.SIGSTOP)
+        try:
+            for job in jobs[3:]:
+                store.finished(job)
+            ids = [job.id for job in jobs]
+            got = await asyncio.wait_for(store.results(ids, partial=True), 30)
+            assert got == {job.id: job.result for job in jobs[:3]}
+            late = [job.id for job in jobs[3:]]
+            reads = {
+                asyncio.create_task(store.results(late, partial=True)),
+                asyncio.create_task(store.results(ids)),
+            }
+            # Nothing can commit while the writer is stopped: neither answers in this second.
+            answered, _ = await asyncio.wait(reads, timeout=1.0)
+            assert not answered, [read.result() for read in answered]
+        finally:
+            os.kill(writer.pid, signal.SIGCONT)
+        done, _ = await asyncio.wait(reads, timeout=30)
+        assert len(done) == 2
+        answers = sorted((read.result() for read in done), key=len)
+        assert answers == [{j.id: j.result for j in jobs[3:]}, {j.id: j.result for j in jobs}]
+    finally:
+        await store.aclose()
