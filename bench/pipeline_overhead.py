@@ -72,9 +72,17 @@ async def single_submits(
     return n / (time.perf_counter() - t0), lat
 
 
+# How long ``drain`` waits for a burst's results at most: a server that stops finishing
+# jobs fails the bench with a message instead of leaving it polling forever.
+DRAIN_S = 300.0
+
+
 async def drain(client: RolloutClient, ids: list[str]) -> list[dict[str, Any]]:
     pending, done = list(ids), []
+    deadline = time.monotonic() + DRAIN_S
     while pending:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{len(pending)} of {len(ids)} jobs not done after {DRAIN_S:.0f} s")
         out = await client.poll(pending[:5000], wait=5)
         if out["unknown"]:  # expired before it was read: raise --retention
             raise RuntimeError(f"{len(out['unknown'])} results expired before being polled")
