@@ -254,9 +254,10 @@ class SqliteJobStore:
                 found[job_id] = body
         if held and not (partial and (found or missing)):
             await self.sync()  # before reading the file, too: the row is there once committed
+            settled = writer.settled if writer is not None else sys.maxsize
             for job_id in held:
                 record = done.get(job_id)
-                if record is None:  # deleted meanwhile
+                if record is None or record[5] > settled:  # deleted, or ended again, meanwhile
                     continue
                 body = record[4]
                 if body is None:
