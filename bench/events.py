@@ -5,7 +5,7 @@ jobs submitted at ``--rate`` jobs/s for ``--seconds``; one reader learns of ever
 Printed side by side: HTTP requests per result, and the time from a job's end (its
 ``timing.ended_at``, server wall clock, same machine) to the reader holding the news,
 p50/p99/max. ``/poll`` answers from memory as soon as a job ends; the cursor and SSE
-read the completion log, which holds a result once it is committed (with SQLite, after
+read the result log, which holds a result once it is committed (with SQLite, after
 the group commit's fsync), so they never show a result a crash could take back.
 
 - poll: the ids in flight, long-polled with ``POST /poll`` (``wait=5``), as the manager did.

@@ -38,7 +38,7 @@ class GreetingHandler(AgentHandler):
         return inst
 
     async def init(self, job: Job) -> None:
-        spec = SandboxSpec(limits=job.services.config.sandbox_limits)
+        spec = SandboxSpec(limits=job.shared.config.sandbox_limits)
         # Held by the job: closed right after RUN, or on failure, cancel or timeout.
         job.state["sandbox"] = await start_sandbox(job, spec)
 
@@ -58,10 +58,8 @@ class GreetingHandler(AgentHandler):
         script: str | None = job.state["script"]
         output = None
         if script is not None:
-            spec = SandboxSpec(
-                files={"hello.sh": script}, limits=job.services.config.sandbox_limits
-            )
-            async with await job.services.runtime.start(spec) as sandbox:
+            spec = SandboxSpec(files={"hello.sh": script}, limits=job.shared.config.sandbox_limits)
+            async with await job.shared.runtime.start(spec) as sandbox:
                 output = (await sandbox.exec("bash hello.sh", timeout=10)).stdout.strip()
         job.reward = 1.0 if output == expected else 0.0
         job.eval = {"expected": expected, "output": output}

@@ -289,7 +289,7 @@ class CodeHandler(AgentHandler):
         return inst
 
     async def init(self, job: Job) -> None:
-        spec = SandboxSpec(limits=job.services.config.sandbox_limits)
+        spec = SandboxSpec(limits=job.shared.config.sandbox_limits)
         job.state["sandbox"] = await start_sandbox(job, spec)
 
     async def run(self, job: Job) -> None:
@@ -308,14 +308,14 @@ class CodeHandler(AgentHandler):
         job.state["solution"], job.state["solution_source"] = solution, source
 
     async def eval(self, job: Job) -> None:
-        runtime = job.services.runtime
+        runtime = job.shared.runtime
         if runtime is None:
             raise RuntimeError("no sandbox runtime is configured on this server")
         result = await evaluate(
             runtime,
             job.instance,
             job.state.get("solution"),
-            limits=job.services.config.sandbox_limits,
+            limits=job.shared.config.sandbox_limits,
         )
         result["solution_source"] = job.state.get("solution_source", "none")
         job.eval = result

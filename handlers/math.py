@@ -104,7 +104,7 @@ class MathHandler(AgentHandler):
         return inst
 
     async def init(self, job: Job) -> None:
-        spec = SandboxSpec(limits=job.services.config.sandbox_limits)
+        spec = SandboxSpec(limits=job.shared.config.sandbox_limits)
         job.state["sandbox"] = await start_sandbox(job, spec)
 
     async def run(self, job: Job) -> None:

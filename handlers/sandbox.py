@@ -73,7 +73,7 @@ class SandboxTaskHandler(AgentHandler):
 
     async def init(self, job: Job) -> None:
         inst: SandboxInstance = job.instance
-        limits = job.services.config.sandbox_limits
+        limits = job.shared.config.sandbox_limits
         spec = SandboxSpec(files=inst.files, network=inst.network, limits=limits)
         job.state["sandbox"] = await start_sandbox(job, spec)
 

@@ -294,7 +294,7 @@ class SweHandler(AgentHandler):
         return SweTask(inst, archive, count)
 
     def _spec(self, job: Job) -> SandboxSpec:
-        return SandboxSpec(limits=job.services.config.sandbox_limits)
+        return SandboxSpec(limits=job.shared.config.sandbox_limits)
 
     async def init(self, job: Job) -> None:
         sandbox = await start_sandbox(job, self._spec(job))
@@ -323,7 +323,7 @@ class SweHandler(AgentHandler):
             job.state["patch_error"] = str(exc)
 
     async def eval(self, job: Job) -> None:
-        runtime = job.services.runtime
+        runtime = job.shared.runtime
         if runtime is None:
             raise RuntimeError("no sandbox runtime is configured on this server")
         task: SweTask = job.instance

@@ -179,7 +179,7 @@ class ResultDoc(msgspec.Struct, frozen=True, kw_only=True):
     metadata: dict[str, Any]
     # Server restarts the job went through before it finished (API.md "Durability").
     restarts: int = 0
-    # Its place in the completion log (API.md "Results").
+    # Its place in the result log (API.md "Results").
     seq: int | None = None
     # One per response_ids entry: the weight version that made it (None: observation).
     response_versions: list[int | str | None] = []
@@ -335,7 +335,7 @@ class StatusResponse(msgspec.Struct, frozen=True):
     store: StoreInfo | None = None
     # How each sandbox limit is enforced here, and as which user sandboxed code runs.
     sandbox_enforcement: dict[str, str] = {}
-    # The completion log: this tenant's last committed seq, and the numbering's epoch.
+    # The result log: this tenant's last committed seq, and the numbering's epoch.
     last_seq: int = 0
     epoch: str = ""
     # Per tenant (a non-admin sees only its own): queues, in flight, completions.

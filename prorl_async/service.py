@@ -24,7 +24,7 @@ from prorl_async.core.job import Job, Stage
 from prorl_async.core.metrics import LiveState, Metrics
 from prorl_async.core.pipeline import Pipeline
 from prorl_async.core.recovery import recover
-from prorl_async.core.services import Services
+from prorl_async.core.shared import Shared
 from prorl_async.core.tenantview import TenantCollector, callbacks_info, events_info, tenant_infos
 from prorl_async.llm.sampling import SamplingParamsError, check_sampling_params
 from prorl_async.notify.sender import CallbackSender
@@ -47,18 +47,18 @@ _EXPIRE_SLICE = 512
 
 
 class RolloutService:
-    """Owns the store, the pipeline, the metrics and the app-wide services."""
+    """Owns the store, the pipeline, the metrics and the server-wide shared parts."""
 
     def __init__(self, config: ServerConfig, registry: HandlerRegistry | None = None) -> None:
         self.config = config
         self.registry = registry if registry is not None else HandlerRegistry.discover()
-        self.services = Services(config)
+        self.shared = Shared(config)
         self.store: JobStore = _make_store(config)
         self.state_lock = StateDirLock(config.state_dir)
         self._opened = False
         self.poll_waiters = 0
         self.metrics = Metrics(self._live_state())
-        self.services.metrics = self.metrics
+        self.shared.metrics = self.metrics
         # Tenants (tokens, quotas, weights) and callbacks of finished jobs (API.md).
         self.tenants = Tenants(config.tenants, config.token)
         self.callbacks = CallbackSender(self.store.outbox, config.callbacks)
@@ -84,13 +84,13 @@ class RolloutService:
         self.autoscaler: Autoscaler | None = None
         if config.autoscale:
             self.autoscaler = Autoscaler(self.pipeline, self._budget, config.autoscaling)
-        self.capacity = CapacityView(self.pipeline, lambda: self.services.runtime, self.autoscaler)
+        self.capacity = CapacityView(self.pipeline, lambda: self.shared.runtime, self.autoscaler)
         self.metrics.registry.register(self.capacity)
         self._sweeper: asyncio.Task[None] | None = None
-        self._gated = False
+        self._admission_set = False
 
     def _budget(self) -> SandboxBudget | None:
-        runtime = self.services.runtime
+        runtime = self.shared.runtime
         return None if runtime is None else runtime.budget
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -123,14 +123,14 @@ class RolloutService:
     def start(self) -> None:
         self.open()
         budget = self._budget()
-        if budget is not None and self.config.jit_init and not self._gated:
+        if budget is not None and self.config.jit_init and not self._admission_set:
             # Just-in-time INIT also at the moment an INIT job would take a sandbox slot;
-            # a pipeline change may open that gate, so it re-offers free slots.
-            budget.gate("init", self.pipeline.jit.slot_open)
+            # a pipeline change may open INIT's admission, so it re-offers free slots.
+            budget.admit_when("init", self.pipeline.jit.slot_open)
             self.pipeline.changed.on_fire(budget.wake)
-            self._gated = True
-        if self.services.pool is not None:
-            self.pipeline.jit.backend_capacity = self.services.pool.capacity
+            self._admission_set = True
+        if self.shared.pool is not None:
+            self.pipeline.jit.backend_capacity = self.shared.pool.capacity
         self.pipeline.start()
         if self.autoscaler is not None:
             self.autoscaler.start()
@@ -246,7 +246,7 @@ class RolloutService:
             sampling_params=req.sampling_params,
             timeout_s=req.timeout_s or self.config.default_timeout_s,
             metadata=req.metadata,
-            services=self.services,
+            shared=self.shared,
         )
         job.request = req
         job.callback_url = req.callback_url
@@ -367,15 +367,15 @@ class RolloutService:
     # -- status ----------------------------------------------------------------------------
 
     def _backends(self) -> list[dict[str, Any]]:
-        pool = self.services.pool
+        pool = self.shared.pool
         return [] if pool is None else list(pool.snapshot())
 
     def _backend_waiting(self) -> int:
-        pool = self.services.pool
+        pool = self.shared.pool
         return 0 if pool is None else int(pool.waiting)
 
     def _sandboxes(self) -> int:
-        runtime = self.services.runtime
+        runtime = self.shared.runtime
         return 0 if runtime is None else int(runtime.live)
 
     def _queue_depths(self) -> dict[str, int]:
@@ -435,7 +435,7 @@ class RolloutService:
         )
 
     def _enforcement(self) -> dict[str, str]:
-        runtime = self.services.runtime
+        runtime = self.shared.runtime
         return {} if runtime is None else runtime.enforcement(self.config.sandbox_limits)
 
 

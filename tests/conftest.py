@@ -77,5 +77,5 @@ def engine_vocab(tok: ChatTokenizer, vocab: str | None) -> Tokenizer | None:
     return None if vocab is None else tok.hf_tokenizer
 
 
-# Server fixtures (make_server, gate) for every test package.
-from tests.serverutil import gate, make_server  # noqa: E402, F401
+# Server fixtures (make_server, blocking) for every test package.
+from tests.serverutil import blocking, make_server  # noqa: E402, F401

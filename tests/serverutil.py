@@ -19,7 +19,7 @@ from prorl_async.client import RolloutClient
 from prorl_async.config import load_config
 from prorl_async.core.handler import HandlerRegistry
 from prorl_async.service import RolloutService
-from tests.gate import GateHandler
+from tests.blocking import BlockingHandler
 
 
 class Server:
@@ -37,19 +37,19 @@ ServerFactory = Callable[..., AbstractAsyncContextManager[Server]]
 
 
 @pytest.fixture
-def gate() -> GateHandler:
-    return GateHandler()
+def blocking() -> BlockingHandler:
+    return BlockingHandler()
 
 
 @pytest.fixture
-def make_server(tmp_path: Path, gate: GateHandler) -> ServerFactory:
+def make_server(tmp_path: Path, blocking: BlockingHandler) -> ServerFactory:
     @asynccontextmanager
     async def factory(handlers: tuple[Any, ...] = (), **overrides: Any) -> AsyncIterator[Server]:
         cfg = load_config(
             overrides={"port": 0, "state_dir": str(tmp_path / "state"), **overrides}, env={}
         )
         registry = HandlerRegistry.discover()
-        registry.register(gate)
+        registry.register(blocking)
         for handler in handlers:
             registry.register(handler)
         async with run_server(cfg, registry) as (app, url):

@@ -51,11 +51,11 @@ def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> 
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
-    from prorl_async.core.services import open_services  # optional parts: pool, runtime, tokenizer
+    from prorl_async.core.shared import open_shared  # optional parts: pool, runtime, tokenizer
 
     service = app[SERVICE]
     service.open()  # the state dir lock first: nothing below may touch another server's state
-    async with open_services(service.services):
+    async with open_shared(service.shared):
         service.start()
         try:
             yield

@@ -1,7 +1,7 @@
 """Results pushed and read by cursor: ``GET /results``, ``GET /events`` (Server-Sent
 Events) and ``GET /jobs/{job_id}/callback`` (API.md "Results").
 
-Both read the store's completion log, which holds only durable results, in ``seq``
+Both read the store's result log, which holds only durable results, in ``seq``
 order, per tenant. An event stream pulls from the log at its own pace: a stream holds
 no queue of its own, only its socket's send buffer, bounded at ``events.buffer_bytes``
 (and the kernel's at 64 KiB); a consumer that leaves it full for ``events.stall_s``
@@ -19,8 +19,8 @@ from aiohttp import web
 
 from prorl_async.api.access import viewer
 from prorl_async.api.routes import SERVICE, json_response, wait_param
-from prorl_async.core.completions import Completion, CompletionLog
 from prorl_async.core.errors import BadRequest, Gone, NotFound
+from prorl_async.core.resultlog import LogEntry, ResultLog
 from prorl_async.notify.config import EventsConfig
 from prorl_async.schemas import CallbackInfo, JobEvent, ResultsResponse
 from prorl_async.service import RolloutService
@@ -62,7 +62,7 @@ def _int(request: web.Request, name: str, default: int | None, hi: int) -> int |
     return value
 
 
-def _cursor(cl: CompletionLog, tenant: str, after: int | None, default: int) -> int:
+def _cursor(cl: ResultLog, tenant: str, after: int | None, default: int) -> int:
     """``after`` checked against retention (410), or ``default`` when not given."""
     if after is None:
         return default
@@ -96,7 +96,7 @@ async def results(request: web.Request) -> web.Response:
     return json_response(ResultsResponse(results=docs, next=cursor, epoch=cl.epoch))
 
 
-async def _documents(svc: RolloutService, entries: list[Completion]) -> list[msgspec.Raw]:
+async def _documents(svc: RolloutService, entries: list[LogEntry]) -> list[msgspec.Raw]:
     """The result documents of ``entries`` still held (not deleted or replaced since)."""
     store = svc.store
     bodies = await store.results([e.job_id for e in entries])
@@ -154,7 +154,7 @@ def _bound(transport: asyncio.Transport, buffer_bytes: int) -> None:
 async def _stream(
     resp: web.StreamResponse,
     transport: asyncio.Transport,
-    cl: CompletionLog,
+    cl: ResultLog,
     tenant: str,
     cursor: int,
     cfg: EventsConfig,
@@ -176,7 +176,7 @@ async def _stream(
             return
 
 
-def _event(e: Completion, tenant: str) -> bytes:
+def _event(e: LogEntry, tenant: str) -> bytes:
     data = _encoder.encode(
         JobEvent(job_id=e.job_id, status=e.status, reward=e.reward, seq=e.seq, tenant=tenant)
     )
@@ -187,7 +187,7 @@ async def _send(
     resp: web.StreamResponse,
     transport: asyncio.Transport,
     chunk: bytes,
-    cl: CompletionLog,
+    cl: ResultLog,
     cfg: EventsConfig,
 ) -> bool:
     """Write ``chunk``; False if the consumer is gone or was cut for not reading."""

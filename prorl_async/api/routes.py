@@ -206,7 +206,7 @@ async def cancel(request: web.Request) -> web.Response:
 
 
 def _pool(request: web.Request) -> Any:
-    pool = _service(request).services.pool
+    pool = _service(request).shared.pool
     if pool is None:
         raise Unavailable("the LLM backend pool is not running", retry_after=1)
     return pool

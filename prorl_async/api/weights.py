@@ -20,7 +20,7 @@ _encoder = msgspec.json.Encoder()
 
 
 def _weights(request: web.Request) -> WeightUpdates:
-    pool = request.app[SERVICE].services.pool
+    pool = request.app[SERVICE].shared.pool
     if pool is None:
         raise Unavailable("the LLM backend pool is not running", retry_after=1)
     return pool.weights

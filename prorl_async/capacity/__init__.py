@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from prorl_async.capacity.autoscale import AutoscaleConfig, Autoscaler, Decision
 from prorl_async.capacity.budget import SandboxBudget, default_max_sandboxes, total_memory_bytes
-from prorl_async.capacity.jit import JitGate, run_queue_target
+from prorl_async.capacity.jit import JitAdmission, run_queue_target
 from prorl_async.capacity.stats import Ewma, Pulse, RateMeter, StageStats
 from prorl_async.capacity.workers import StageQueue, WorkerPool
 
@@ -18,7 +18,7 @@ __all__ = [
     "Autoscaler",
     "Decision",
     "Ewma",
-    "JitGate",
+    "JitAdmission",
     "Pulse",
     "RateMeter",
     "SandboxBudget",

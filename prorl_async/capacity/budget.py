@@ -13,14 +13,14 @@ first-come order would instead let INIT keep starting jobs while finished RUNs w
 for an EVAL sandbox, which lengthens every such job and, at the end of a batch, the
 batch itself.
 
-A stage may be given an admission gate (``gate``): its waiters then get a free slot
-only while the gate is open, and are offered one again on ``wake``. Just-in-time INIT
+A stage may be given an admission rule (``admit_when``): its waiters then get a free slot
+only while the rule admits, and are offered one again on ``wake``. Just-in-time INIT
 uses it so a slot freed while RUN jobs already wait for a backend is not turned into
 one more sandbox waiting for it.
 
 Slots held by sandboxes nobody uses yet (warm ones) can be given back: a holder that
 registers with ``on_demand`` is told whenever a taker may be waiting for a slot
-(a waiter queued, a gate re-checked, the capacity changed) and gives back up to
+(a waiter queued, an admission re-checked, the capacity changed) and gives back up to
 ``shortfall`` slots. Without that, a waiter that arrived while such a holder was still
 starting its sandboxes would wait for a slot nobody ever releases.
 """
@@ -98,21 +98,21 @@ class SandboxBudget:
         }
         self._listeners: list[Callable[[], None]] = []
         self._demand: list[Callable[[], None]] = []
-        self._gates: dict[int, Callable[[], bool]] = {}
+        self._admissions: dict[int, Callable[[], bool]] = {}
 
-    def gate(self, stage: str, is_open: Callable[[], bool]) -> None:
+    def admit_when(self, stage: str, is_open: Callable[[], bool]) -> None:
         """Give ``stage``'s takers a slot only while ``is_open()`` (re-checked on ``wake``)."""
-        self._gates[_rank(stage)] = is_open
+        self._admissions[_rank(stage)] = is_open
 
     def wake(self) -> None:
-        """Hand free slots to waiters whose gate may have opened."""
+        """Hand free slots to waiters whose admission may have opened."""
         self._wake()
         self._ask()
 
     def _admitted(self, rank: int, *, asking: bool = False) -> bool:
-        """Whether ``rank``'s gate is open; ``asking``: evaluated for the current job, with
+        """Whether ``rank``'s admission rule admits; ``asking``: evaluated for the current job, with
         its timer paused (it is waiting for a slot, not yet working on one)."""
-        is_open = self._gates.get(rank)
+        is_open = self._admissions.get(rank)
         if is_open is None:
             return True
         timer = current_timer() if asking else None
@@ -131,7 +131,7 @@ class SandboxBudget:
 
     @property
     def shortfall(self) -> int:
-        """Slots to give back so every waiter whose gate is open gets one and ``live`` fits
+        """Slots to give back so every waiter whose admission rule admits gets one and ``live`` fits
         the capacity (what a holder of idle slots should give up; 0 when none)."""
         if self.capacity is None:
             return 0
@@ -171,7 +171,7 @@ class SandboxBudget:
 
     def try_acquire(self) -> bool:
         """Take a slot if one is free, nobody of the caller's stage or a later one is
-        queued for one, and the caller's stage's gate (if any) is open."""
+        queued for one, and the caller's stage's admission rule (if any) admits."""
         rank = _rank(_stage())
         if self._ahead(rank) or not self._admitted(rank, asking=True):
             return False
@@ -193,8 +193,8 @@ class SandboxBudget:
         self._waiters[rank].append(fut)
         try:
             with timer.paused() if timer is not None else contextlib.nullcontext():
-                if rank in self._gates:
-                    self._wake()  # its gate now sees this job waiting, not working
+                if rank in self._admissions:
+                    self._wake()  # its admission rule now sees this job waiting, not working
                 if not fut.done():
                     self._ask()  # a holder of idle slots gives one up for this waiter
                 await fut

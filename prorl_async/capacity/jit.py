@@ -28,13 +28,13 @@ from collections.abc import Callable
 
 from prorl_async.capacity.stats import Pulse, StageStats
 
-__all__ = ["JitGate", "run_queue_target"]
+__all__ = ["JitAdmission", "run_queue_target"]
 
 
 def run_queue_target(
     run: StageStats, init: StageStats, busy_run: int, waiting: int | None = None
 ) -> int:
-    """RUN queue depth that covers INIT's latency at RUN's completion rate (``waiting``:
+    """RUN queue depth that covers INIT's latency at RUN's departure rate (``waiting``:
     RUN jobs waiting for a backend now, if the caller has counted them already)."""
     # INIT's active time: how long preparing a job takes once it has its sandbox slot (a
     # wait for a slot is not covered by queueing: that slot frees only as RUN finishes).
@@ -42,13 +42,13 @@ def run_queue_target(
     waiting = run.paused() if waiting is None else waiting
     if not a_run or w_init is None or busy_run - waiting <= 0:
         return 1
-    # Backend-bound: RUN's measured completion rate is the backends' pace. Else Little's
+    # Backend-bound: RUN's measured departure rate is the backends' pace. Else Little's
     # law on the RUN jobs making progress.
-    rate = run.completions.rate() if waiting else (busy_run - waiting) / a_run
+    rate = run.departures.rate() if waiting else (busy_run - waiting) / a_run
     return math.ceil(rate * w_init) + 1
 
 
-class JitGate:
+class JitAdmission:
     """INIT workers wait here (holding the next job, still queued) until it is time."""
 
     def __init__(

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from prorl_async.capacity.budget import SandboxBudget
-from prorl_async.capacity.jit import JitGate
+from prorl_async.capacity.jit import JitAdmission
 from prorl_async.capacity.stats import StageStats
 from prorl_async.capacity.workers import WorkerPool
 from prorl_async.schemas import Stage
@@ -29,7 +29,7 @@ class StagedPipeline(Protocol):
     @property
     def stats(self) -> Mapping[str, StageStats]: ...
     @property
-    def jit(self) -> JitGate: ...
+    def jit(self) -> JitAdmission: ...
     def resize(self, stage: Stage, size: int) -> None: ...
 
 

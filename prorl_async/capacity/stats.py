@@ -106,7 +106,7 @@ class RateMeter:
 
 class StageStats:
     """Service time (wall seconds in the stage; ``active``: timer-running seconds, i.e.
-    without waits for a backend or a sandbox slot) and completions of one stage.
+    without waits for a backend or a sandbox slot) and departures of one stage.
 
     ``sandboxed`` is the recent share of the stage's jobs that took a sandbox-budget slot
     in the stage and ``sandboxed_active`` those jobs' own active time: in a mix of jobs
@@ -118,7 +118,7 @@ class StageStats:
         self.active = Ewma()
         self.sandboxed = Ewma()
         self.sandboxed_active = Ewma()
-        self.completions = RateMeter()
+        self.departures = RateMeter()
         self.arrivals = RateMeter()
         self.idle_sandbox_seconds = 0.0
         # Jobs in the stage now: their active seconds so far, by a key of the caller's.
@@ -169,7 +169,7 @@ class StageStats:
         self.sandboxed.add(1.0 if slots else 0.0)
         if slots:
             self.sandboxed_active.add(active_s)
-        self.completions.add(1, now)
+        self.departures.add(1, now)
 
 
 class Pulse:

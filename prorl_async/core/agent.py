@@ -77,7 +77,7 @@ class SandboxTools:
             raise ValueError(f"tools: unknown tool(s) {unknown}; choose from {sorted(MODEL_TOOLS)}")
         self.sandbox = sandbox
         self.names = list(dict.fromkeys(names))
-        self._metrics = None if job is None else job.services.metrics
+        self._metrics = None if job is None else job.shared.metrics
 
     @property
     def specs(self) -> list[dict[str, Any]]:
@@ -101,7 +101,7 @@ class SandboxTools:
 
 async def start_sandbox(job: Job, spec: SandboxSpec) -> Sandbox:
     """Start a sandbox the job holds: it is closed after RUN, on failure, cancel or timeout."""
-    runtime = job.services.runtime
+    runtime = job.shared.runtime
     if runtime is None:
         raise RuntimeError("no sandbox runtime is configured on this server")
     sandbox: Sandbox = await job.hold(await runtime.start(spec))
@@ -119,18 +119,18 @@ async def run_agent(
 
     ``job.trajectory`` is set before the first call so a timeout or cancel keeps every turn.
     """
-    services, config = job.services, job.services.config
-    if services.pool is None or services.tokenizer is None:
+    shared, config = job.shared, job.shared.config
+    if shared.pool is None or shared.tokenizer is None:
         raise RuntimeError("this server has no LLM backend pool or tokenizer")
     trajectory = Trajectory()
     job.trajectory = trajectory
     sampling = dict(job.sampling_params)
     max_tokens = int(sampling.pop("max_tokens", config.max_tokens))
     try:
-        async with services.pool.lease(job.timer) as llm:
+        async with shared.pool.lease(job.timer) as llm:
             await run_agent_loop(
                 generator=llm,
-                tokenizer=services.tokenizer,
+                tokenizer=shared.tokenizer,
                 messages=messages,
                 tools=tools,
                 trajectory=trajectory,
@@ -140,6 +140,6 @@ async def run_agent(
                 max_tokens=max_tokens,
             )
     finally:
-        if services.metrics is not None and trajectory.clamped_logprobs:
-            services.metrics.clamped_logprobs.inc(trajectory.clamped_logprobs)
+        if shared.metrics is not None and trajectory.clamped_logprobs:
+            shared.metrics.clamped_logprobs.inc(trajectory.clamped_logprobs)
     return trajectory

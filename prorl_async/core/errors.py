@@ -52,7 +52,7 @@ class Forbidden(ProblemError):
 
 
 class Gone(ProblemError):
-    """A completion-log cursor older than retention; ``oldest_seq`` is still held."""
+    """A result-log cursor older than retention; ``oldest_seq`` is still held."""
 
     status = 410
     title = "Gone"

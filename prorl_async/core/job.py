@@ -14,7 +14,7 @@ from prorl_async.util.timer import PausableTimer
 if TYPE_CHECKING:
     from contextlib import AbstractAsyncContextManager
 
-    from prorl_async.core.services import Services
+    from prorl_async.core.shared import Shared
 
 __all__ = ["EVAL", "INIT", "RUN", "TERMINAL", "Job", "Stage", "TaskHandler", "TrajectoryLike"]
 
@@ -63,7 +63,7 @@ class Job:
         "instance",
         "sampling_params",
         "metadata",
-        "services",
+        "shared",
         "status",
         "timer",
         "reward",
@@ -102,7 +102,7 @@ class Job:
         sampling_params: dict[str, Any],
         timeout_s: float,
         metadata: dict[str, Any],
-        services: Services,
+        shared: Shared,
     ) -> None:
         self.id = job_id
         self.task = task
@@ -110,7 +110,7 @@ class Job:
         self.instance = instance
         self.sampling_params = sampling_params
         self.metadata = metadata
-        self.services = services
+        self.shared = shared
         self.status = "queued_init"
         self.timer = PausableTimer(timeout_s)
         self.reward: float | None = None
@@ -123,7 +123,7 @@ class Job:
         self.request: ProcessRequest | None = None
         # How many server restarts this job went through (requeued each time).
         self.restarts = 0
-        # Whose job it is (tenancy), its place in the completion log once it ended, and
+        # Whose job it is (tenancy), its place in the result log once it ended, and
         # where its result is POSTed (the request's callback_url).
         self.tenant = DEFAULT_TENANT
         self.seq: int | None = None

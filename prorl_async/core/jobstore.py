@@ -8,8 +8,8 @@ from typing import Protocol
 
 import msgspec
 
-from prorl_async.core.completions import CompletionLog
 from prorl_async.core.job import Job
+from prorl_async.core.resultlog import ResultLog
 from prorl_async.notify.sender import Outbox
 from prorl_async.schemas import StoreInfo
 from prorl_async.tenancy.config import DEFAULT_TENANT
@@ -35,7 +35,7 @@ class JobStore(Protocol):
     ``get`` returns a live ``Job`` (a store may also return terminal ones); ``status``
     answers for every id the store knows, live or terminal; ``results`` gives the result
     documents of those of the ids that are terminal (reading them from disk, if a store
-    must, off the event loop). ``log`` is the completion log (``core.completions``): a
+    must, off the event loop). ``log`` is the result log (``core.resultlog``): a
     store commits each terminal job's entry once its result is durable; ``outbox``
     keeps the callbacks to deliver (written with the result); ``tenant_of`` and
     ``seq_of`` answer for every id the store knows.
@@ -44,7 +44,7 @@ class JobStore(Protocol):
     kind: str
 
     @property
-    def log(self) -> CompletionLog: ...
+    def log(self) -> ResultLog: ...
     @property
     def outbox(self) -> Outbox: ...
 

@@ -2,7 +2,7 @@
 
 Each stage is a queue (``capacity.StageQueue``) drained by a resizable pool of worker
 coroutines (``capacity.WorkerPool``: the worker count is the stage's concurrency); INIT
-workers start a job only when RUN will take it soon (``capacity.JitGate``). A worker runs a
+workers start a job only when RUN will take it soon (``capacity.JitAdmission``). A worker runs a
 job's stage in its own task: no task per stage and job. A cancel (cancel, stop) cancels
 the worker and waits until the stage has unwound; the worker takes that cancellation
 back (``Task.uncancel``) and goes on to the next job. Only a cancellation of the worker
@@ -19,7 +19,7 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from prorl_async.capacity.jit import JitGate
+from prorl_async.capacity.jit import JitAdmission
 from prorl_async.capacity.stats import CURRENT_STAGE, Pulse, StageScope, StageStats
 from prorl_async.capacity.workers import StageQueue, WorkerPool
 from prorl_async.core.job import INIT, RUN, Job, Stage
@@ -100,7 +100,7 @@ class Pipeline:
         self.stats = {s.value: StageStats() for s in Stage}
         self.changed = Pulse()
         self.pools = {s: self._pool(s, workers[s]) for s in Stage}
-        self.jit = JitGate(
+        self.jit = JitAdmission(
             changed=self.changed,
             queued_run=lambda: self.queued[RUN],
             busy=lambda s: self.active[_BY_NAME[s]],
@@ -236,7 +236,7 @@ class Pipeline:
     async def _work(self, stage: Stage, job: Job, worker: asyncio.Task[Any]) -> None:
         """Run ``job``'s ``stage`` in this worker, then move the job on (``_advance``).
 
-        One coroutine for the whole stage (the JIT gate, the job's stage scope, its
+        One coroutine for the whole stage (the JIT admission, the job's stage scope, its
         deadline, the handler, the statistics, the release), not one per step: each
         coroutine and call here is paid three times a job.
         """

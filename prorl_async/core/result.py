@@ -109,7 +109,7 @@ def encode_result(job: Job) -> bytes:
     doc["eval"] = job.eval
     doc["metadata"] = job.metadata
     doc["restarts"] = job.restarts
-    doc["seq"] = job.seq  # its place in the completion log (GET /results, /events)
+    doc["seq"] = job.seq  # its place in the result log (GET /results, /events)
     for key, value in _extra(job).items():
         doc.setdefault(key, value)  # extras never overwrite contract fields
     try:

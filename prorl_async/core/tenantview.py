@@ -1,4 +1,4 @@
-"""Tenants, callbacks and the completion log in ``/status`` and ``/metrics``.
+"""Tenants, callbacks and the result log in ``/status`` and ``/metrics``.
 
 Per-tenant queue and stage counts are read from the live jobs when asked (a scrape, a
 ``/status``), not kept up to date on every move.
@@ -13,8 +13,8 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from prorl_async.core.completions import CompletionLog
 from prorl_async.core.job import TERMINAL, Job
+from prorl_async.core.resultlog import ResultLog
 from prorl_async.schemas import CallbacksInfo, EventsInfo, TenantInfo
 from prorl_async.tenancy.ledger import Tenants
 
@@ -39,7 +39,7 @@ def _stage_counts(live: Iterable[Job]) -> dict[str, tuple[Counter[str], Counter[
 
 
 def tenant_infos(
-    tenants: Tenants, live: Iterable[Job], log: CompletionLog, only: str | None = None
+    tenants: Tenants, live: Iterable[Job], log: ResultLog, only: str | None = None
 ) -> dict[str, TenantInfo]:
     """Every tenant's line of ``/status`` (``only``: just that tenant's)."""
     counts = _stage_counts(live)
@@ -74,7 +74,7 @@ def callbacks_info(enabled: bool, summary: dict[str, Any]) -> CallbacksInfo:
     )
 
 
-def events_info(log: CompletionLog) -> EventsInfo:
+def events_info(log: ResultLog) -> EventsInfo:
     return EventsInfo(streams=log.streams, dropped=log.streams_dropped)
 
 
@@ -85,7 +85,7 @@ class TenantCollector(Collector):
         self,
         tenants: Tenants,
         live: Callable[[], Iterable[Job]],
-        log: CompletionLog,
+        log: ResultLog,
         callbacks: Callable[[], dict[str, Any]],
     ) -> None:
         self._tenants = tenants

@@ -104,8 +104,8 @@ async def run_demo(
             client = await stack.enter_async_context(RolloutClient(url))
             await client.add_llm_server(address, api=opts.api if opts.llm else "vllm")
             service = app[SERVICE]
-            if service.services.runtime is not None:
-                run.runtime = service.services.runtime.name
+            if service.shared.runtime is not None:
+                run.runtime = service.shared.runtime.name
             known = set(service.registry.names())
             run.skipped = sorted({t.task for t in run.tasks if t.task not in known})
             todo = [t for t in run.tasks if t.task in known]

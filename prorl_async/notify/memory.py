@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, cast
 
-from prorl_async.notify.gate import host_of
+from prorl_async.notify.breaker import host_of
 from prorl_async.notify.sender import RESULT_GONE, Delivery
 from prorl_async.schemas import CallbackInfo
 

@@ -5,7 +5,7 @@ written in the same transaction as the job's result, so a crash loses none), fet
 in batches, at most ``concurrency`` in flight, each attempt bounded by ``timeout_s``.
 A failed attempt (no answer, or a non-2xx answer) is retried with exponential backoff
 until ``retry_for_s`` after the job ended; a ``410 Gone`` answer stops at once. A
-receiver that fails is probed one attempt at a time (``gate.HostGate``) while its other
+receiver that fails is probed one attempt at a time (``breaker.CircuitBreaker``) while its other
 deliveries wait in the outbox. The sender runs beside the pipeline and holds only the
 deliveries fetched: a receiver that is down or answers 500 costs one attempt per
 backoff step and grows nothing but outbox rows on disk.
@@ -24,8 +24,8 @@ from typing import Any, Protocol
 import aiohttp
 import msgspec
 
+from prorl_async.notify.breaker import CircuitBreaker, host_of
 from prorl_async.notify.config import CallbacksConfig
-from prorl_async.notify.gate import HostGate, host_of
 from prorl_async.notify.signing import SIGNATURE_HEADER, sign
 from prorl_async.schemas import CallbackInfo
 from prorl_async.util.version import __version__
@@ -86,7 +86,7 @@ class CallbackSender:
         self.stats = {"attempts": 0, "delivered": 0, "retried": 0, "failed": 0}
         self._inflight: set[str] = set()
         self._fetched: deque[Delivery] = deque()  # due, not yet started
-        self._gates: dict[str, HostGate] = {}
+        self._breakers: dict[str, CircuitBreaker] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._wake = asyncio.Event()
         self._main: asyncio.Task[None] | None = None
@@ -142,34 +142,34 @@ class CallbackSender:
         return self.config.concurrency - len(self._inflight)
 
     def _dispatch(self, now: float) -> int:
-        """Start what the free slots and the gates allow; returns how many started."""
+        """Start what the free slots and the breakers allow; returns how many started."""
         started = 0
         while self._fetched and self._free() > 0:
             d = self._fetched.popleft()
-            gate = self._gate(d.url)
+            breaker = self._breaker(d.url)
             if now > d.created_at + self.config.retry_for_s:
-                self._settle(d, "failed", d.attempts, gate.last_error or "retry window ended")
-            elif gate.admits(now):
-                self._spawn(d, gate)
+                self._settle(d, "failed", d.attempts, breaker.last_error or "retry window ended")
+            elif breaker.admits(now):
+                self._spawn(d, breaker)
                 started += 1
             else:
-                self._hold(gate, gate.hold_until(now))
+                self._hold(breaker, breaker.hold_until(now))
         return started
 
-    def _gate(self, url: str) -> HostGate:
+    def _breaker(self, url: str) -> CircuitBreaker:
         host = host_of(url)
-        gate = self._gates.get(host)
-        if gate is None:
-            if len(self._gates) > 1024:  # forget healthy receivers
-                self._gates = {h: g for h, g in self._gates.items() if g.failures}
-            gate = self._gates[host] = HostGate(host)
-        return gate
+        breaker = self._breakers.get(host)
+        if breaker is None:
+            if len(self._breakers) > 1024:  # forget healthy receivers
+                self._breakers = {h: g for h, g in self._breakers.items() if g.failures}
+            breaker = self._breakers[host] = CircuitBreaker(host)
+        return breaker
 
-    def _hold(self, gate: HostGate, until: float) -> None:
+    def _hold(self, breaker: CircuitBreaker, until: float) -> None:
         """The host's deliveries wait until ``until`` (one outbox write per change)."""
-        if gate.retimed != until:
-            gate.retimed = until
-            self.outbox.retime(gate.host, until)
+        if breaker.retimed != until:
+            breaker.retimed = until
+            self.outbox.retime(breaker.host, until)
 
     async def _sleep(self, seconds: float | None) -> None:
         """Until woken (a new delivery, a settled one) or ``seconds`` pass (a retry is due)."""
@@ -180,23 +180,25 @@ class CallbackSender:
         except TimeoutError:
             pass
 
-    def _spawn(self, delivery: Delivery, gate: HostGate) -> None:
+    def _spawn(self, delivery: Delivery, breaker: CircuitBreaker) -> None:
         self._inflight.add(delivery.job_id)
         # Taken now, not in the task: the next delivery of this pass must see the probe.
-        round_, probe = gate.started(time.time(), self.config.timeout_s)
+        round_, probe = breaker.started(time.time(), self.config.timeout_s)
         task = asyncio.create_task(
-            self._deliver(delivery, gate, round_, probe), name=f"callback:{delivery.job_id}"
+            self._deliver(delivery, breaker, round_, probe), name=f"callback:{delivery.job_id}"
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
     # -- one delivery --------------------------------------------------------------------
 
-    async def _deliver(self, delivery: Delivery, gate: HostGate, round_: int, probe: bool) -> None:
+    async def _deliver(
+        self, delivery: Delivery, breaker: CircuitBreaker, round_: int, probe: bool
+    ) -> None:
         try:
             body = await self.outbox.body(delivery.job_id)
             if body is None:
-                gate.probing = gate.probing and not probe
+                breaker.probing = breaker.probing and not probe
                 self._settle(delivery, "failed", delivery.attempts, RESULT_GONE)
                 return
             attempts = delivery.attempts + 1
@@ -204,17 +206,17 @@ class CallbackSender:
             error, final = await self._post(delivery, body, attempts)
             now = time.time()
             if error is None or final:
-                if gate.answered():
-                    self._hold(gate, now)  # the held deliveries go now
+                if breaker.answered():
+                    self._hold(breaker, now)  # the held deliveries go now
                 self._settle(delivery, "delivered" if error is None else "failed", attempts, error)
                 return
-            gate.failed(round_, probe, error, now, self._backoff)
-            if gate.open_at > delivery.created_at + self.config.retry_for_s:
+            breaker.failed(round_, probe, error, now, self._backoff)
+            if breaker.open_at > delivery.created_at + self.config.retry_for_s:
                 self._settle(delivery, "failed", attempts, error)
             else:
                 self.stats["retried"] += 1
-                self._settle(delivery, "pending", attempts, error, gate.open_at)
-            self._hold(gate, gate.open_at)
+                self._settle(delivery, "pending", attempts, error, breaker.open_at)
+            self._hold(breaker, breaker.open_at)
         finally:
             self._inflight.discard(delivery.job_id)
             self._wake.set()

@@ -41,7 +41,7 @@ class ScriptedLLM:
     ``address`` is ``http://127.0.0.1:PORT/v1``. ``log`` lists every generation request,
     ``stats`` the live concurrency; ``faults`` and ``latency`` may be changed at run time
     (or through :meth:`set_faults`); :meth:`kill` / :meth:`revive` take the server off the
-    network and back on the same port; :meth:`hold` / :meth:`release` gate requests.
+    network and back on the same port; :meth:`hold` / :meth:`release` hold requests back.
     """
 
     def __init__(
@@ -80,8 +80,8 @@ class ScriptedLLM:
         self.rng = random.Random(seed)
         self.decoder = Decoder(latency or LatencyModel(), self.stats)
         self._arrivals = asyncio.Condition()
-        self._gate = asyncio.Event()
-        self._gate.set()
+        self._open = asyncio.Event()
+        self._open.set()
         self.killed = asyncio.Event()
         self.stopping = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -114,12 +114,12 @@ class ScriptedLLM:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop serving (hung and gated requests end at once). Safe to call twice."""
+        """Stop serving (hung and held requests end at once). Safe to call twice."""
         if self._closed:
             return
         self._closed = True
         self.killed.set()
-        self._gate.set()
+        self._open.set()
         await self._stop()
 
     async def kill(self) -> None:
@@ -151,10 +151,10 @@ class ScriptedLLM:
 
     def hold(self) -> None:
         """Make new and waiting generation requests wait (they are logged on arrival)."""
-        self._gate.clear()
+        self._open.clear()
 
     def release(self) -> None:
-        self._gate.set()
+        self._open.set()
 
     async def wait_requests(self, count: int) -> None:
         """Wait until ``count`` generation requests have arrived in total."""
@@ -182,7 +182,7 @@ class ScriptedLLM:
         self.stats.arrived += 1
         async with self._arrivals:
             self._arrivals.notify_all()
-        await self._gate.wait()
+        await self._open.wait()
 
     async def _listen(self) -> None:
         app = _routes.build_app(self)

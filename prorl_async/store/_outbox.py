@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
-from prorl_async.notify.gate import host_of
+from prorl_async.notify.breaker import host_of
 from prorl_async.notify.sender import RESULT_GONE, Delivery
 from prorl_async.schemas import CallbackInfo
 from prorl_async.store._commit import RowKind
@@ -27,7 +27,7 @@ OUTBOX_SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
     job_id TEXT PRIMARY KEY,
     url TEXT NOT NULL,
-    host TEXT NOT NULL,             -- the url's host:port (its receiver's gate)
+    host TEXT NOT NULL,             -- the url's host:port (its receiver's circuit breaker)
     state TEXT NOT NULL,            -- pending, delivered, failed
     attempts INTEGER NOT NULL DEFAULT 0,
     created_at REAL NOT NULL,       -- wall clock: when the job ended

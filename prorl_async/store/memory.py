@@ -9,9 +9,9 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 
-from prorl_async.core.completions import CompletionLog
 from prorl_async.core.job import Job
 from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
+from prorl_async.core.resultlog import ResultLog
 from prorl_async.notify.memory import MemoryOutbox
 from prorl_async.store._tombstones import Tombstones
 
@@ -33,7 +33,7 @@ class MemoryJobStore:
         self._tombstones = Tombstones()
         self._counts: Counter[str] = Counter()
         self._held = 0  # bytes of result documents kept
-        self.log = CompletionLog()
+        self.log = ResultLog()
         self.outbox = MemoryOutbox(self.results)
 
     def open(self) -> list[UnfinishedRecord]:

@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from prorl_async.core.completions import CompletionLog
 from prorl_async.core.job import Job
 from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
-from prorl_async.store import _completions
+from prorl_async.core.resultlog import ResultLog
+from prorl_async.store import _resultlog
 from prorl_async.store._commit import RowKind
 from prorl_async.store._commit import connect as _connect
 from prorl_async.store._outbox import FORGET_ROWS, SqliteOutbox
@@ -143,7 +143,7 @@ class SqliteJobStore:
         self._reader: sqlite3.Connection | None = None
         self._reading = asyncio.Lock()
         self._writer: Writer | None = None
-        self.log = CompletionLog()
+        self.log = ResultLog()
         self.outbox = SqliteOutbox(self)
 
     # -- open and recover ----------------------------------------------------------------------
@@ -160,7 +160,7 @@ class SqliteJobStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             reader = _connect(self.path)
             reader.executescript(_SCHEMA)
-            _completions.migrate(reader)
+            _resultlog.migrate(reader)
             self.outbox.load(reader)
             unfinished = self._load(reader)
         except sqlite3.Error as exc:
@@ -179,7 +179,7 @@ class SqliteJobStore:
     def _load(self, conn: sqlite3.Connection) -> list[UnfinishedRecord]:
         now = time.time()
         with conn:
-            _completions.expire_at_open(conn, now)
+            _resultlog.expire_at_open(conn, now)
             conn.execute("DELETE FROM jobs WHERE expires_at <= ?", (now,))
             conn.execute("DELETE FROM tombstones WHERE expires_at <= ?", (now,))
         rows = conn.execute(
@@ -191,7 +191,7 @@ class SqliteJobStore:
             self._done[job_id] = (sys.intern(status), deadline, seq, sys.intern(tenant), None, 0)
             self._expiry.append((deadline, job_id))
         self._uncached = len(self._expiry)  # their documents are in the file only
-        _completions.load_log(conn, self.log)
+        _resultlog.load_log(conn, self.log)
         for job_id, expires_at in conn.execute(
             "SELECT id, expires_at FROM tombstones ORDER BY expires_at"
         ):
@@ -324,8 +324,8 @@ class SqliteJobStore:
         if job.callback_url is not None:  # one transaction with the result: never lost
             self.outbox.add(job_id, job.callback_url, now)
         if seq is not None:
-            # Readers of the completion log see it once the result and its seq are durable.
-            writer.write_last("last_seq", _completions.LAST_SEQ, (seq,))
+            # Readers of the result log see it once the result and its seq are durable.
+            writer.write_last("last_seq", _resultlog.LAST_SEQ, (seq,))
             writer.gather("log", self._committed).append(
                 (job.tenant, seq, job_id, status, job.reward)
             )
@@ -370,7 +370,7 @@ class SqliteJobStore:
             self.outbox.forget_rows(gone)
         for tenant, seq in floors.items():
             self.log.expire(tenant, seq)
-            self.write(_completions.FLOOR, (tenant, seq))
+            self.write(_resultlog.FLOOR, (tenant, seq))
         for job_id in self._tombstones.expire(now):
             self.write(_UNTOMB, (job_id,))
         return len(gone)
@@ -425,7 +425,7 @@ class SqliteJobStore:
         return self._writer
 
     def _committed(self, entries: list[tuple[str, int, str, str, float | None]], ok: bool) -> None:
-        """After the transaction holding these results: the completion log has them (if
+        """After the transaction holding these results: the result log has them (if
         that transaction committed)."""
         if ok:
             self.log.commit_many(entries)

@@ -2,7 +2,7 @@
 
 Commands are written to a private file and *sourced*, so a command of any
 length or shape (heredocs, unbalanced quotes) reaches bash intact, and state
-(cwd, variables, functions) stays in the one shell. Completion is a sentinel
+(cwd, variables, functions) stays in the one shell. LogEntry is a sentinel
 line carrying a fresh nonce, the exit code and the cwd. The PTY fd is
 non-blocking and watched with ``loop.add_reader``: nothing here blocks the loop.
 """

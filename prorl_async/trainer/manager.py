@@ -15,7 +15,7 @@ import aiohttp
 
 from prorl_async.client import RolloutClient, RolloutError
 from prorl_async.trainer.cluster import load_cluster
-from prorl_async.trainer.engine import Engine, Settings, result_cost
+from prorl_async.trainer.dispatch import Dispatcher, Settings, result_cost
 from prorl_async.trainer.errors import PromptsExhausted, RolloutStalled, TrainerError
 from prorl_async.trainer.filters import GroupFilter, resolve_filter
 from prorl_async.trainer.group import Group
@@ -86,7 +86,7 @@ class RolloutManager:
         self._token = token
         self._progress = Progress(enabled=progress)
         self._session: aiohttp.ClientSession | None = None
-        self._engine: Engine | None = None
+        self._dispatcher: Dispatcher | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._lag = LoopLag()
         self._backends: list[str] | None = None
@@ -106,19 +106,19 @@ class RolloutManager:
             await self.aclose()
             raise
         pool = ServerPool(list(servers))
-        engine = Engine(self.settings, self._prompts, pool, self._staleness, self.run_id)
-        self._engine = engine
+        dispatcher = Dispatcher(self.settings, self._prompts, pool, self._staleness, self.run_id)
+        self._dispatcher = dispatcher
         handlers = PollHandlers(
-            engine.on_done, engine.on_lost, engine.server_failed, self._recovered
+            dispatcher.on_done, dispatcher.on_lost, dispatcher.server_failed, self._recovered
         )
         for server in pool:
-            self._spawn(poll_loop(server, handlers, engine.backoff))
+            self._spawn(poll_loop(server, handlers, dispatcher.backoff))
         self._spawn(self._feed())
         self._spawn(self._lag.run())
         if self.sample_deadline_s is not None:
             self._spawn(self._watch_deadlines(self.sample_deadline_s))
         self._spawn(self._watch_engines())
-        engine.wake.set()
+        dispatcher.wake.set()
         return self
 
     async def __aexit__(
@@ -137,8 +137,8 @@ class RolloutManager:
             task.cancel()
         try:
             await asyncio.gather(*tasks, return_exceptions=True)
-            if self._engine is not None:
-                self._engine.wake.close()
+            if self._dispatcher is not None:
+                self._dispatcher.wake.close()
                 # shielded: a cancelled close still stops this manager's jobs on the servers
                 await asyncio.shield(self._cancel_everything())
         finally:
@@ -146,14 +146,14 @@ class RolloutManager:
                 await self._session.close()
 
     async def _cancel_everything(self) -> None:
-        assert self._engine is not None
-        _, ids = self._engine.cancel_live()
-        for server in self._engine.pool:
+        assert self._dispatcher is not None
+        _, ids = self._dispatcher.cancel_live()
+        for server in self._dispatcher.pool:
             ids.update(dict.fromkeys(server.orphans, server.url))
             server.orphans.clear()
         try:
             async with asyncio.timeout(_CLOSE_TIMEOUT_S):
-                await cancel_on_servers(self._engine.pool, ids)
+                await cancel_on_servers(self._dispatcher.pool, ids)
         except TimeoutError:
             log.warning("cancelling %d jobs on close timed out", len(ids))
 
@@ -184,38 +184,38 @@ class RolloutManager:
         except Exception as exc:
             if not isinstance(exc, TrainerError):  # a TrainerError reaches the caller as is
                 log.exception("rollout manager loop failed")
-            if self._engine is not None:
-                self._engine.error = exc
-                self._engine.notify()
+            if self._dispatcher is not None:
+                self._dispatcher.error = exc
+                self._dispatcher.notify()
 
     # -- background loops --------------------------------------------------------------
 
     async def _feed(self) -> None:
         """One pass per wake-up; ``wake.wait()`` yields to the loop even when already woken."""
-        engine = self._require()
+        dispatcher = self._require()
         while True:
-            await engine.wake.wait()
-            engine.admit()
-            await engine.dispatch()
+            await dispatcher.wake.wait()
+            dispatcher.admit()
+            await dispatcher.dispatch()
             self._draw()
 
     async def _watch_deadlines(self, deadline_s: float) -> None:
-        engine = self._require()
+        dispatcher = self._require()
         tick = min(1.0, deadline_s / 4)
         while True:
             await asyncio.sleep(tick)
-            for group in expired_groups(engine.reg, deadline_s, time.monotonic()):
+            for group in expired_groups(dispatcher.reg, deadline_s, time.monotonic()):
                 log.warning("prompt %s passed its %.0f s deadline; dropped", group.uid, deadline_s)
-                engine.fail_group(group, "deadline")
+                dispatcher.fail_group(group, "deadline")
 
     async def _watch_engines(self) -> None:
         """A server in rotation with no LLM engine (restarted while this manager was not
         talking to it, so never quarantined) is quarantined: _recovered() then gives it
         the weights before it serves again."""
-        engine = self._require()
+        dispatcher = self._require()
         while True:
             await asyncio.sleep(ENGINES_CHECK_S)
-            for server in engine.pool.healthy if self._backends is not None else ():
+            for server in dispatcher.pool.healthy if self._backends is not None else ():
                 swaps = self._swaps
                 try:
                     status = await server.client.status()
@@ -229,7 +229,7 @@ class RolloutManager:
                     continue  # a swap between its clear and its add, perhaps
                 log.warning("%s has no LLM engine (restarted?); quarantined", server.url)
                 server.failures = max(server.failures, QUARANTINE_AFTER - 1)
-                engine.server_failed(server, ConnectionResetError("no LLM engine"))
+                dispatcher.server_failed(server, ConnectionResetError("no LLM engine"))
 
     async def _recovered(self, server: ServerState) -> None:
         """Back from quarantine: the current weights first (a restarted server has none),
@@ -260,27 +260,27 @@ class RolloutManager:
         Cancellable at any await (a batch not handed out goes back to the ready queue);
         otherwise ends with a batch or an error (docs/trainer.md, "Errors").
         """
-        engine = self._require()
+        dispatcher = self._require()
         start = time.monotonic()
-        engine.hungry = True
+        dispatcher.hungry = True
         self._staleness.batch_requested()
-        while (batch := engine.take_batch()) is None:
-            self._raise_if_stuck(engine)
-            engine.progress.clear()
-            engine.wake.set()
-            await self._wait_progress(engine, start)
+        while (batch := dispatcher.take_batch()) is None:
+            self._raise_if_stuck(dispatcher)
+            dispatcher.progress.clear()
+            dispatcher.wake.set()
+            await self._wait_progress(dispatcher, start)
             self._draw()
         if not self.settings.carry:
-            engine.hungry = False
+            dispatcher.hungry = False
             try:
-                await self._cancel_unfinished(engine)
+                await self._cancel_unfinished(dispatcher)
             except BaseException:
-                engine.put_back(batch)
+                dispatcher.put_back(batch)
                 raise
-        engine.hand_out(batch)
-        engine.metrics.batch_fill_s.append(time.monotonic() - start)
+        dispatcher.hand_out(batch)
+        dispatcher.metrics.batch_fill_s.append(time.monotonic() - start)
         self._progress.done()
-        engine.wake.set()
+        dispatcher.wake.set()
         return batch
 
     async def set_weights(
@@ -297,7 +297,7 @@ class RolloutManager:
         (``POST /weights/load``: pause in ``mode``, load, resume; work in flight is kept).
         ``backends``: every server is pointed at these engine addresses instead (a swap).
         """
-        engine = self._require()
+        dispatcher = self._require()
         if isinstance(version, bool) or not isinstance(version, int):
             raise TypeError(f"version must be an int, got {version!r}")
         if (backends is None) == (path is None):
@@ -307,77 +307,77 @@ class RolloutManager:
         self._staleness.check(version)
         if path is not None:
             await asyncio.gather(
-                *(self._load_weights(s, version, path, mode) for s in engine.pool.healthy)
+                *(self._load_weights(s, version, path, mode) for s in dispatcher.pool.healthy)
             )
         else:
             addresses = list(backends or ())
             if not addresses:
                 raise ValueError("backends: give at least one LLM backend address")
-            await self._swap(engine, version, addresses)
+            await self._swap(dispatcher, version, addresses)
         self._staleness.set_version(version)
-        engine.wake.set()
+        dispatcher.wake.set()
 
     def metrics(self) -> dict[str, Any]:
         """Counters, waste by cause, version lags, per-server state; see docs/trainer.md."""
-        engine = self._require()
-        out = engine.metrics.to_dict()
+        dispatcher = self._require()
+        out = dispatcher.metrics.to_dict()
         out["servers"] = {
-            s.url: s.stats.to_dict(len(s.inflight), s.quarantined) for s in engine.pool
+            s.url: s.stats.to_dict(len(s.inflight), s.quarantined) for s in dispatcher.pool
         }
-        out["prompts_taken"] = engine.index
-        out["inflight_groups"] = len(engine.reg.groups)
-        out["ready_groups"] = len(engine.ready)
-        out["resubmit_groups"] = len(engine.resubmit)
+        out["prompts_taken"] = dispatcher.index
+        out["inflight_groups"] = len(dispatcher.reg.groups)
+        out["ready_groups"] = len(dispatcher.ready)
+        out["resubmit_groups"] = len(dispatcher.resubmit)
         out["current_version"] = self._staleness.current
         out["loop_lag_ms"] = self._lag.to_dict()
         return out
 
     # -- helpers -----------------------------------------------------------------------
 
-    def _require(self) -> Engine:
+    def _require(self) -> Dispatcher:
         if self._closed:
             raise TrainerError("the RolloutManager is closed")
-        if self._engine is None:
+        if self._dispatcher is None:
             raise TrainerError("use the RolloutManager inside 'async with'")
-        return self._engine
+        return self._dispatcher
 
-    def _raise_if_stuck(self, engine: Engine) -> None:
-        if engine.error is not None:
-            raise engine.error
-        idle = not engine.reg.groups and not engine.resubmit
-        if idle and engine.exhausted:
-            m = engine.metrics
+    def _raise_if_stuck(self, dispatcher: Dispatcher) -> None:
+        if dispatcher.error is not None:
+            raise dispatcher.error
+        idle = not dispatcher.reg.groups and not dispatcher.resubmit
+        if idle and dispatcher.exhausted:
+            m = dispatcher.metrics
             raise PromptsExhausted(
-                f"prompts ran out: {len(engine.ready)} of {self.settings.batch_groups} groups "
+                f"prompts ran out: {len(dispatcher.ready)} of {self.settings.batch_groups} groups "
                 f"ready for this batch ({m.returned} returned before, {m.filtered} filtered, "
                 f"{m.failed} failed, {m.stale} stale)"
             )
 
-    async def _wait_progress(self, engine: Engine, start: float) -> None:
-        since = max(engine.last_result, start)
+    async def _wait_progress(self, dispatcher: Dispatcher, start: float) -> None:
+        since = max(dispatcher.last_result, start)
         remaining = self.stall_timeout_s - (time.monotonic() - since)
         try:
             async with asyncio.timeout(max(remaining, 0.0)):
-                await engine.progress.wait()
+                await dispatcher.progress.wait()
         except TimeoutError:
-            report = stall_report(engine, self.stall_timeout_s, self._lag.to_dict())
+            report = stall_report(dispatcher, self.stall_timeout_s, self._lag.to_dict())
             raise RolloutStalled(report["message"], report) from None
 
-    async def _cancel_unfinished(self, engine: Engine) -> None:
-        groups, ids = engine.cancel_live()
+    async def _cancel_unfinished(self, dispatcher: Dispatcher) -> None:
+        groups, ids = dispatcher.cancel_live()
         for group in groups:
-            engine.reg.release(group.uid)
-        for result in await cancel_on_servers(engine.pool, ids):
-            engine.metrics.waste("cancelled", *result_cost(result))
+            dispatcher.reg.release(group.uid)
+        for result in await cancel_on_servers(dispatcher.pool, ids):
+            dispatcher.metrics.waste("cancelled", *result_cost(result))
 
-    async def _swap(self, engine: Engine, version: int, addresses: list[str]) -> None:
+    async def _swap(self, dispatcher: Dispatcher, version: int, addresses: list[str]) -> None:
         """Push ``addresses`` at ``version`` to every server in rotation; one back from
         quarantine meanwhile was given the previous weights, so it is pushed these too."""
         self._swaps += 1
         self._swapping += 1
         try:
             pushed: list[ServerState] = []
-            while missed := [s for s in engine.pool.healthy if s not in pushed]:
+            while missed := [s for s in dispatcher.pool.healthy if s not in pushed]:
                 pushed += missed
                 await asyncio.gather(*(self._push_weights(s, version, addresses) for s in missed))
         finally:
@@ -409,11 +409,11 @@ class RolloutManager:
         return True
 
     def _draw(self) -> None:
-        engine = self._engine
-        if engine is not None:
+        dispatcher = self._dispatcher
+        if dispatcher is not None:
             self._progress.draw(
-                len(engine.ready), self.settings.batch_groups, engine.pool.inflight,
-                engine.metrics.pass_rate,
+                len(dispatcher.ready), self.settings.batch_groups, dispatcher.pool.inflight,
+                dispatcher.metrics.pass_rate,
             )  # fmt: skip
 
 

@@ -1,12 +1,12 @@
 """One loop per server reading this manager's results by cursor (``GET /results``), and
 the ``/healthz`` probe of a quarantined server.
 
-The server's completion log is durable and read in ``seq`` order, so one long-poll per
+The server's result log is durable and read in ``seq`` order, so one long-poll per
 server answers for every job of this manager's token there, however many are in
 flight, and a read that fails loses nothing: the next one resumes from the same cursor.
 The cursor starts at the server's last seq when the manager opens (``sync``), so only
 jobs that end later arrive; results of jobs this manager does not hold (another
-manager on the same token) are ignored by the engine. What a cursor cannot show is a
+manager on the same token) are ignored by the dispatcher. What a cursor cannot show is a
 job the server forgot (restarted with the memory store, or expired before it was
 read): a ``POST /poll`` sweep of the ids in flight finds those, when the server's log
 epoch changes, when the cursor is older than retention (410), and every ``SWEEP_S``.

@@ -31,7 +31,7 @@ class ServerState:
         self.quarantined = False
         self.stats = ServerStats()
         self.dirty = asyncio.Event()
-        # Reading its completion log (trainer/poller.py): the cursor, the log's epoch
+        # Reading its result log (trainer/poller.py): the cursor, the log's epoch
         # (None until known), and when the ids in flight were last swept with /poll.
         self.cursor = 0
         self.epoch: str | None = None

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from prorl_async.trainer.retry import transport_class
 
 if TYPE_CHECKING:
-    from prorl_async.trainer.engine import Engine
+    from prorl_async.trainer.dispatch import Dispatcher
     from prorl_async.trainer.registry import GroupState, Registry
     from prorl_async.trainer.servers import ServerPool
 
@@ -28,22 +28,22 @@ def expired_groups(reg: Registry, deadline_s: float, now: float) -> list[GroupSt
 
 
 def stall_report(
-    engine: Engine, stall_timeout_s: float, loop_lag_ms: dict[str, float]
+    dispatcher: Dispatcher, stall_timeout_s: float, loop_lag_ms: dict[str, float]
 ) -> dict[str, Any]:
     """What the manager waits for: which servers, which samples (oldest first)."""
     now = time.monotonic()
     servers = {
         s.url: {"inflight": len(s.inflight), "quarantined": s.quarantined, "errors": s.stats.errors}
-        for s in engine.pool
+        for s in dispatcher.pool
     }
-    samples = engine.reg.diagnosis(now)
+    samples = dispatcher.reg.diagnosis(now)
     down = [u for u, s in servers.items() if s["quarantined"]]
-    running = engine.pool.inflight
+    running = dispatcher.pool.inflight
     message = (
-        f"no rollout result for {stall_timeout_s:.0f} s: {len(engine.ready)} of "
-        f"{engine.cfg.batch_groups} groups ready; waiting for {running} samples on servers "
-        f"and {len(engine.reg.pending)} without a server yet, {len(engine.reg.groups)} groups "
-        f"running, {len(engine.resubmit)} to regenerate"
+        f"no rollout result for {stall_timeout_s:.0f} s: {len(dispatcher.ready)} of "
+        f"{dispatcher.cfg.batch_groups} groups ready; waiting for {running} samples on servers "
+        f"and {len(dispatcher.reg.pending)} without a server yet, "
+        f"{len(dispatcher.reg.groups)} groups running, {len(dispatcher.resubmit)} to regenerate"
         + (f"; quarantined servers: {', '.join(down)}" if down else "")
         + (f"; oldest sample {samples[0]['job_id']} on {samples[0]['server']}" if samples else "")
     )

@@ -44,8 +44,8 @@ class BudgetedHandler(AgentHandler):
 
     @staticmethod
     def _budget(job: Job) -> SandboxBudget:
-        assert job.services.runtime is not None
-        return job.services.runtime.budget
+        assert job.shared.runtime is not None
+        return job.shared.runtime.budget
 
     async def init(self, job: Job) -> None:
         await job.hold(slot(self._budget(job)))

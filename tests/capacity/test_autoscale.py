@@ -106,7 +106,7 @@ async def test_autoscale_grows_pools_under_load_within_the_budget(
         assert status["autoscale"] is True
         # One RUN worker at the start; the budget of 6 allows ~6 at once and it got there.
         assert peak_run >= 4 and pipe.pools[Stage.RUN].size >= 4, (peak_run, status["pools"])
-        assert srv.service.services.runtime.budget.peak <= 6
+        assert srv.service.shared.runtime.budget.peak <= 6
         text = await scrape(srv.url)
         assert 'prorl_autoscale_decisions_total{direction="up",stage="run"}' in text
 
@@ -148,7 +148,7 @@ async def test_sandbox_seconds_count_only_the_evals_that_take_a_sandbox(
         )
         docs = [await srv.client.result(i, wait=30) for i in ids]
         assert all(d is not None and d["status"] == "done" for d in docs)
-        budget = srv.service.services.runtime.budget
+        budget = srv.service.shared.runtime.budget
         scaler = Autoscaler(srv.service.pipeline, lambda: budget, AutoscaleConfig())
         per_job = scaler.sandbox_seconds_per_job()
         st = srv.service.pipeline.stats

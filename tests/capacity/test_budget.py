@@ -103,19 +103,19 @@ async def test_a_freed_slot_goes_to_the_latest_stage_first() -> None:
     await asyncio.wait_for(waiter, 5)
 
 
-async def test_a_gated_stage_gets_slots_only_while_its_gate_is_open() -> None:
+async def test_a_stage_with_an_admission_rule_gets_slots_only_while_it_admits() -> None:
     budget = SandboxBudget(4)
-    gate_open = False
+    admitting = False
     seen_paused: list[bool] = []
 
     def is_open() -> bool:
         timer = current_timer()
         seen_paused.append(timer is not None and not timer.running)
-        return gate_open
+        return admitting
 
-    budget.gate("init", is_open)
+    budget.admit_when("init", is_open)
     CURRENT_STAGE.set(StageScope("eval"))
-    assert budget.try_acquire()  # other stages are not gated
+    assert budget.try_acquire()  # other stages have no admission rule
     timer = PausableTimer(budget=10.0)
 
     async def take() -> None:
@@ -125,11 +125,11 @@ async def test_a_gated_stage_gets_slots_only_while_its_gate_is_open() -> None:
 
     waiter = asyncio.create_task(take())
     await eventually(lambda: budget.waiting == 1)
-    # Asked for the INIT job itself, the gate saw its timer paused (it waits, not works).
+    # Asked for the INIT job itself, the admission rule saw its timer paused (it waits, not works).
     assert seen_paused and all(seen_paused)
-    budget.release()  # a free slot (3 free now) is not enough while the gate is closed
+    budget.release()  # a free slot (3 free now) is not enough while admission is closed
     assert budget.waiting == 1 and budget.live == 0
-    gate_open = True
+    admitting = True
     budget.wake()
     await asyncio.wait_for(waiter, 5)
     assert budget.live == 1 and budget.waiting == 0
@@ -164,7 +164,7 @@ async def test_max_sandboxes_8_with_40_jobs_never_exceeds_8_and_all_finish(
                 polled = await srv.client.poll(list(pending), wait=0.05)
                 pending -= {r["job_id"] for r in polled["done"]}
                 assert all(r["status"] == "done" for r in polled["done"]), polled["done"]
-        budget = srv.service.services.runtime.budget
+        budget = srv.service.shared.runtime.budget
         assert max(s["sandboxes"] for s in samples) <= 8
         assert max(s["sandbox_budget"]["live"] for s in samples) <= 8
         assert budget.peak <= 8  # exact, not sampled

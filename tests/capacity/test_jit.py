@@ -1,6 +1,6 @@
 """Just-in-time INIT with one slow LLM backend: sandboxes do not pile up in RUN's queue.
 
-The server tests check what the gate decided (the room it gave RUN, that it held INIT back
+The server tests check what the admission decided (the room it gave RUN, that it held INIT back
 while RUN's pool had free workers), never timings: how many sandboxes JIT saves against
 eager INIT, in peak and idle sandbox-seconds, is measured by ``bench/capacity.py``.
 """
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from prorl_async.capacity import jit
-from prorl_async.capacity.jit import JitGate, run_queue_target
+from prorl_async.capacity import jit as jit_module
+from prorl_async.capacity.jit import JitAdmission, run_queue_target
 from prorl_async.capacity.stats import Pulse, StageStats
 from prorl_async.core.pipeline import Pipeline
 from prorl_async.schemas import Stage
@@ -29,7 +29,7 @@ INIT_WORKERS = 8
 
 @dataclass(frozen=True)
 class Decision:
-    """One ``JitGate.open()`` call: the pipeline as the gate saw it, and its answer."""
+    """One ``JitAdmission.open()`` call: the pipeline as the admission saw it, and its answer."""
 
     init: int  # jobs in INIT
     queued_run: int
@@ -55,15 +55,15 @@ class Decision:
 
 
 def _record(pipe: Pipeline, monkeypatch: pytest.MonkeyPatch) -> list[Decision]:
-    """Record every decision of the pipeline's JIT gate, with the target it computed."""
-    gate, decisions, targets = pipe.jit, list[Decision](), list[int]()
+    """Record every decision of the pipeline's JIT admission, with the target it computed."""
+    jit, decisions, targets = pipe.jit, list[Decision](), list[int]()
 
     def target_and_record(*args: Any) -> int:
         targets.append(run_queue_target(*args))
         return targets[-1]
 
-    monkeypatch.setattr(jit, "run_queue_target", target_and_record)
-    decide = gate.open
+    monkeypatch.setattr(jit_module, "run_queue_target", target_and_record)
+    decide = jit.open
 
     def open_and_record() -> bool:
         seen = {
@@ -72,16 +72,16 @@ def _record(pipe: Pipeline, monkeypatch: pytest.MonkeyPatch) -> list[Decision]:
             "waiting": pipe.stats["run"].paused(),
             "busy_run": pipe.active[Stage.RUN],
             "run_workers": pipe.pools[Stage.RUN].size,
-            "declared": gate.backend_capacity(),
+            "declared": jit.backend_capacity(),
         }
         targets.clear()
         admitted = decide()
         decisions.append(
-            Decision(**seen, learned=gate.backend_slots, target=targets[-1], admitted=admitted)
+            Decision(**seen, learned=jit.backend_slots, target=targets[-1], admitted=admitted)
         )
         return admitted
 
-    gate.open = open_and_record  # type: ignore[method-assign]
+    jit.open = open_and_record  # type: ignore[method-assign]
     return decisions
 
 
@@ -136,7 +136,7 @@ async def test_jit_init_follows_the_backends_not_a_large_run_pool(
     make_server: ServerFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """RUN's 64 workers are free, but the backend serves 2 at once (``max_inflight``):
-    the gate counts the declared 2 as RUN's room from the first job on, not the 64
+    the admission counts the declared 2 as RUN's room from the first job on, not the 64
     workers, so INIT keeps only a queue covering its own latency ahead of those 2."""
     require_bwrap()
     decisions, status = await _jit_run(
@@ -149,44 +149,44 @@ async def test_jit_init_follows_the_backends_not_a_large_run_pool(
     assert any(not d.admitted and d.run_workers - d.busy_run >= 60 for d in decisions)
 
 
-def _gate(busy: dict[str, int], run_workers: int) -> tuple[JitGate, dict[str, StageStats]]:
-    """A gate over fresh stage stats, an empty RUN queue and ``busy`` workers per stage."""
+def _jit(busy: dict[str, int], run_workers: int) -> tuple[JitAdmission, dict[str, StageStats]]:
+    """A JIT admission over fresh stage stats, an empty RUN queue and ``busy`` workers per stage."""
     stats = {s: StageStats() for s in ("init", "run", "eval")}
-    gate = JitGate(
+    jit = JitAdmission(
         changed=Pulse(),
         queued_run=lambda: 0,
         busy=busy.__getitem__,
         run_workers=lambda: run_workers,
         stats=stats,
     )
-    return gate, stats
+    return jit, stats
 
 
 def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
-    """Free RUN workers do not open the gate while RUN jobs wait for a backend: the
+    """Free RUN workers do not open the admission while RUN jobs wait for a backend: the
     backends set the pace then, and a new sandbox would only wait inside RUN."""
     busy = {"init": 0, "run": 4, "eval": 0}
-    gate, stats = _gate(busy, run_workers=64)
+    jit, stats = _jit(busy, run_workers=64)
     stats["run"].finished(2.0, 1.0)  # RUN: 1 s active (2 s wall); INIT: 0.1 s active
     stats["init"].finished(0.1, 0.1)
     timers: dict[int, PausableTimer] = {
         key: entered(stats["run"], key, active=0.5) for key in range(4)
     }
     # Little's law on the 4 RUN jobs making progress: 4 jobs/s, 0.1 s of INIT ahead.
-    assert gate.target() == math.ceil(4 / 1.0 * 0.1) + 1 == 2
-    busy["init"] = 59 + gate.target()  # 60 free RUN workers + the target, minus one
-    assert gate.open()
+    assert jit.target() == math.ceil(4 / 1.0 * 0.1) + 1 == 2
+    busy["init"] = 59 + jit.target()  # 60 free RUN workers + the target, minus one
+    assert jit.open()
     timers[0].pause()  # two RUN jobs wait for a backend now
     timers[1].pause()
-    # Backend-bound: RUN's measured completions (1 so far) set the pace.
-    assert gate.target() == math.ceil(stats["run"].completions.rate() * 0.1) + 1 == 2
-    assert not gate.open()
+    # Backend-bound: RUN's measured departures (1 so far) set the pace.
+    assert jit.target() == math.ceil(stats["run"].departures.rate() * 0.1) + 1 == 2
+    assert not jit.open()
     busy["init"] = 0  # the two waiting count as RUN's queue, at the target already
-    assert not gate.open()
+    assert not jit.open()
     timers[1].resume()
-    assert gate.open()
+    assert jit.open()
     # Served while others waited: 4 busy - 1 waiting (it was 4 - 2 a moment before).
-    assert gate.backend_slots == 3
+    assert jit.backend_slots == 3
 
     # A wave of RUN jobs ends at once: 1 left, none waiting, 63 RUN workers free. INIT
     # refills only up to the backends' 3 slots (+ 1 to probe for more), plus the target.
@@ -194,21 +194,21 @@ def test_run_jobs_waiting_for_a_backend_count_as_queued() -> None:
         stats["run"].leave(key, timers[key])
     busy["run"] = 1
     timers[0].resume()
-    target = gate.target()
+    target = jit.target()
     busy["init"] = (3 + 1 - 1) + target - 1
-    assert gate.open()
+    assert jit.open()
     busy["init"] += 1
-    assert not gate.open()
+    assert not jit.open()
     # More served at once than seen, none waiting: the backends grew; so does the estimate.
     for key in (4, 5, 6, 7):
         timers[key] = entered(stats["run"], key, active=0.1)
     busy["run"] = 5
-    assert not gate.open() and gate.backend_slots == 5
+    assert not jit.open() and jit.backend_slots == 5
     # A checkpoint swap: no backend, every RUN job waits, none served. That says nothing
     # of the backends' capacity: the estimate stays.
     for key in (0, 4, 5, 6, 7):
         timers[key].pause()
-    assert not gate.open() and gate.backend_slots == 5
+    assert not jit.open() and jit.backend_slots == 5
 
 
 def test_a_slot_goes_to_init_only_while_runs_backlog_is_short() -> None:
@@ -216,29 +216,29 @@ def test_a_slot_goes_to_init_only_while_runs_backlog_is_short() -> None:
     themselves waiting for a slot (timer paused) are not counted, those preparing are."""
     busy = {"init": 3, "run": 2, "eval": 0}
     # RUN full: only the target (1 before RUN finished) is room.
-    gate, stats = _gate(busy, run_workers=2)
+    jit, stats = _jit(busy, run_workers=2)
     # two INIT jobs wait for a slot, one prepares
     timers = {key: entered(stats["init"], key, paused=key < 2) for key in range(3)}
-    assert gate.target() == 1
-    assert not gate.open()  # three in INIT already
-    assert not gate.slot_open()  # the one preparing fills the target
+    assert jit.target() == 1
+    assert not jit.open()  # three in INIT already
+    assert not jit.slot_open()  # the one preparing fills the target
     timers[2].pause()  # it waits too now: nobody prepares
-    assert gate.slot_open()
-    gate.enabled = False
+    assert jit.slot_open()
+    jit.enabled = False
     timers[2].resume()
-    assert gate.slot_open()
+    assert jit.slot_open()
 
 
 def test_declared_backend_capacity_bounds_run_from_the_first_job() -> None:
     """Backends that declare ``max_inflight`` bound RUN's free workers before any RUN job
     has waited (nothing learned yet)."""
     busy = {"init": 0, "run": 0, "eval": 0}
-    gate, stats = _gate(busy, run_workers=64)
+    jit, stats = _jit(busy, run_workers=64)
     declared: int | None = None
-    gate.backend_capacity = lambda: declared
+    jit.backend_capacity = lambda: declared
     busy["init"] = 10
-    assert gate.open()  # 64 free RUN workers, nothing declared
+    assert jit.open()  # 64 free RUN workers, nothing declared
     declared = 4
-    assert gate.backend_slots is None and not gate.open()  # 10 >= 4 + the target of 1
+    assert jit.backend_slots is None and not jit.open()  # 10 >= 4 + the target of 1
     busy["init"] = 4
-    assert gate.open()
+    assert jit.open()

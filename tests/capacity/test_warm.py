@@ -28,7 +28,7 @@ async def test_math_init_takes_a_warm_sandbox_and_the_pool_refills(
         make_server(runtime="bwrap", warm_sandboxes=WARM, max_sandboxes=4) as srv,
     ):
         await srv.client.add_llm_server(llm.address)
-        runtime = srv.service.services.runtime
+        runtime = srv.service.shared.runtime
         warm = runtime.warm
         await eventually(lambda: warm.ready == WARM, timeout=30)
         assert (await srv.client.status())["sandbox_budget"]["warm_ready"] == WARM
@@ -57,7 +57,7 @@ async def test_a_start_of_another_spec_evicts_a_warm_sandbox_within_the_budget(
         make_server(runtime="bwrap", warm_sandboxes=2, max_sandboxes=2) as srv,
     ):
         await srv.client.add_llm_server(llm.address)
-        runtime = srv.service.services.runtime
+        runtime = srv.service.shared.runtime
         await eventually(lambda: runtime.warm.ready == 2, timeout=30)
         # Files make the spec instance-dependent: it cannot use a warm one, so it waits for
         # a slot and a warm sandbox gives its slot up.
@@ -98,7 +98,7 @@ async def test_jobs_submitted_while_the_warm_pool_fills_get_slots(
         ScriptedLLM(policy="finish") as llm,
         make_server(runtime="bwrap", warm_sandboxes=4, max_sandboxes=2) as srv,
     ):
-        runtime = srv.service.services.runtime
+        runtime = srv.service.shared.runtime
         budget, warm = runtime.budget, runtime.warm
         await srv.client.add_llm_server(llm.address)
         await eventually(lambda: budget.live == 2)  # the warm starts hold the whole budget

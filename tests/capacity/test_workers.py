@@ -9,47 +9,49 @@ import pytest
 
 from prorl_async.capacity import StageQueue
 from prorl_async.client import BadRequestError
+from tests.blocking import BlockingHandler
 from tests.capacity.test_budget import scrape
-from tests.gate import GateHandler
 from tests.serverutil import ServerFactory, eventually
 
 
-def _in_run(gate: GateHandler, ids: list[str]) -> set[str]:
+def _in_run(blocking: BlockingHandler, ids: list[str]) -> set[str]:
     """Jobs that entered RUN (blocked there until released)."""
-    return {j for j in ids if gate.event(j, "run").is_set()}
+    return {j for j in ids if blocking.event(j, "run").is_set()}
 
 
 async def test_resize_up_and_down_under_load_never_cancels(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server(run_workers=2) as srv:
         svc = srv.service
-        ids = await srv.client.submit_batch([{"task": "gate", "instance": {"block": ["run"]}}] * 12)
+        ids = await srv.client.submit_batch(
+            [{"task": "blocking", "instance": {"block": ["run"]}}] * 12
+        )
         await eventually(lambda: svc.pipeline.active[_run()] == 2)
-        assert len(_in_run(gate, ids)) == 2
+        assert len(_in_run(blocking, ids)) == 2
 
         status = await srv.client.set_workers(run=6)
         assert status["workers"]["run"] == 6 and status["pools"]["run"]["configured"] == 6
         # Observed concurrency follows: six jobs are inside RUN at once now.
         await eventually(lambda: svc.pipeline.active[_run()] == 6)
-        assert len(_in_run(gate, ids)) == 6
+        assert len(_in_run(blocking, ids)) == 6
 
         status = await srv.client.set_workers(run=1)
         pool = status["pools"]["run"]
         # Nobody was cancelled: the six busy workers stay until their job ends.
         assert pool == {"configured": 1, "live": 6, "busy": 6}
-        assert svc.pipeline.active[_run()] == 6 and not gate.released
-        running = sorted(_in_run(gate, ids))
+        assert svc.pipeline.active[_run()] == 6 and not blocking.released
+        running = sorted(_in_run(blocking, ids))
         for job_id in running:
-            gate.release(job_id)
+            blocking.release(job_id)
         await eventually(lambda: svc.pipeline.pools[_run()].live == 1)
         # From now on one job at a time: release whoever enters RUN until all are done.
         seen_at_once = 0
         while len(running) < len(ids):
-            await eventually(lambda: bool(_in_run(gate, ids) - set(running)))
+            await eventually(lambda: bool(_in_run(blocking, ids) - set(running)))
             seen_at_once = max(seen_at_once, svc.pipeline.active[_run()])
-            (job_id,) = _in_run(gate, ids) - set(running)
-            gate.release(job_id)
+            (job_id,) = _in_run(blocking, ids) - set(running)
+            blocking.release(job_id)
             running.append(job_id)
         assert seen_at_once == 1
         results = [await srv.client.result(j, wait=10) for j in ids]

@@ -453,11 +453,11 @@ class Ledger:
         assert metrics["prompts_taken"] == len(self.taken), f"{where}: {metrics}"
         assert g["returned"] == len(self.returned), f"{where}: {metrics}"
         assert g["filtered"] == len(self.filtered), f"{where}: {metrics}"
-        engine = m._engine
-        assert engine is not None
-        running = set(engine.reg.groups)
-        ready = [grp.prompt_uid for grp in engine.ready]
-        regen = [state.uid for state in engine.resubmit]
+        dispatcher = m._dispatcher
+        assert dispatcher is not None
+        running = set(dispatcher.reg.groups)
+        ready = [grp.prompt_uid for grp in dispatcher.ready]
+        regen = [state.uid for state in dispatcher.resubmit]
         held = running | set(ready) | set(regen)
         assert len(held) == len(running) + len(ready) + len(regen), f"{where}: held twice"
         final = set(self.returned) | self.filtered
@@ -523,15 +523,15 @@ class Trainer:
     async def next_batch(self, where: str) -> list[Group]:
         """``next_batch()``, failing the test past its documented bound: it ends within
         ``stall_timeout_s`` of the last result or of the call (plus ``MARGIN_S``)."""
-        engine = self.m._engine
-        assert engine is not None
+        dispatcher = self.m._dispatcher
+        assert dispatcher is not None
         call = asyncio.ensure_future(self.m.next_batch())
         start = time.monotonic()
         try:
             while not call.done():
                 await asyncio.wait({call}, timeout=WATCH_S)
                 now = time.monotonic()
-                quiet = now - max(start, engine.last_result)
+                quiet = now - max(start, dispatcher.last_result)
                 if not call.done() and quiet > STALL_TIMEOUT_S + MARGIN_S:
                     pytest.fail(
                         f"{where}: next_batch() did not end {quiet:.1f} s after the last result "
@@ -549,9 +549,9 @@ class Trainer:
     async def diagnosis(self) -> str:
         """What the manager holds and waits for; where each server and engine is; what
         the servers say of the oldest samples (asked directly, not through the proxies)."""
-        engine = self.m._engine
-        assert engine is not None
-        report = stall_report(engine, STALL_TIMEOUT_S, {})
+        dispatcher = self.m._dispatcher
+        assert dispatcher is not None
+        report = stall_report(dispatcher, STALL_TIMEOUT_S, {})
         rig = self.rig
         direct = dict(zip(rig.urls, rig.servers, strict=True))
         seen: dict[str, Any] = {}
@@ -571,7 +571,7 @@ class Trainer:
             }  # fmt: skip
         servers = [(s.name, s.up, s.stopped, s.starts) for s in rig.servers]
         return (
-            f"{report['message']}; last result {time.monotonic() - engine.last_result:.1f} s "
+            f"{report['message']}; last result {time.monotonic() - dispatcher.last_result:.1f} s "
             f"ago; {report['servers']}; oldest {report['samples'][:5]}; on their servers "
             f"{seen}; metrics {self.m.metrics()}; servers (name, up, stopped, starts) "
             f"{servers}; engines up {rig.engine_up}"

@@ -11,7 +11,7 @@ answering 503s / hanging / dropping, cancels and ``POST /workers`` resizes.
 Then the chaos stops (backends back, faults off, starts work) and the property is
 checked: every job reaches a terminal state within its active-time budget plus a
 bound, and ``/status`` returns to idle: nothing queued or active, nobody waiting for a
-slot, a backend or the JIT gate, and no live sandbox or budget slot but the warm pool's.
+slot, a backend or the JIT admission, and no live sandbox or budget slot but the warm pool's.
 
 Knobs: ``PRORL_CHAOS_SEED=N[,M]`` or ``--chaos-seed N`` replays seeds, ``PRORL_CHAOS_SEEDS=K``
 runs seeds 0..K-1 (default: ``conftest.CI_SEEDS``), ``PRORL_CHAOS_DURATION_S`` is the
@@ -31,7 +31,7 @@ from typing import Any, Literal
 import msgspec
 import pytest
 
-import prorl_async.core.services as services_module
+import prorl_async.core.shared as shared_module
 from prorl_async import AgentHandler, Job, run_agent, start_sandbox
 from prorl_async.client import RolloutError
 from prorl_async.sandbox import RuntimeConfig, SandboxLimits, SandboxSpec, WarmPool
@@ -117,7 +117,7 @@ class ChaosHandler(AgentHandler):
 
     async def init(self, job: Job) -> None:
         inst: ChaosInstance = job.instance
-        limits = job.services.config.sandbox_limits
+        limits = job.shared.config.sandbox_limits
         job.state["sandbox"] = await start_sandbox(job, _spec(inst.spec, limits))
 
     async def run(self, job: Job) -> None:
@@ -125,10 +125,10 @@ class ChaosHandler(AgentHandler):
         await run_agent(job, messages=messages, tools=NoTools(), max_turns=2)
 
     async def eval(self, job: Job) -> None:
-        runtime = job.services.runtime
+        runtime = job.shared.runtime
         assert runtime is not None
         if job.instance.eval_sandbox:
-            limits = job.services.config.sandbox_limits
+            limits = job.shared.config.sandbox_limits
             async with await runtime.start(_spec("files", limits)):
                 pass
         job.reward = 1.0
@@ -258,7 +258,7 @@ async def test_every_job_ends_and_the_server_returns_to_idle(
         runtimes.append(ChaosRuntime(config, random.Random(f"{seed}-starts")))
         return runtimes[-1]
 
-    monkeypatch.setattr(services_module, "get_runtime", chaos_runtime)
+    monkeypatch.setattr(shared_module, "get_runtime", chaos_runtime)
     latency = LatencyModel(ttft_s=rng.uniform(0.0, 0.03), per_token_s=0.0005)
     n_llms = rng.choice([1, 2])
     async with (

@@ -88,7 +88,7 @@ async def test_half_sent_body_is_answered_408_and_closed(make_server: ServerFact
     async with make_server(read_timeout_s=0.5) as srv:
         async with _connections(srv.url, 1) as [(reader, writer)]:
             head = b"POST /process HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
-            writer.write(head + b'{"task": "gate"')
+            writer.write(head + b'{"task": "blocking"')
             data, took = await _eof_after(reader, 10)
             assert data.startswith(b"HTTP/1.1 408") and b"application/problem+json" in data
             assert b"within 0.5 s" in data and took < 10
@@ -97,7 +97,7 @@ async def test_half_sent_body_is_answered_408_and_closed(make_server: ServerFact
 
 async def test_long_poll_is_not_cut_by_the_read_timeout(make_server: ServerFactory) -> None:
     async with make_server(read_timeout_s=0.3) as srv:
-        job = await srv.client.submit("gate", {"block": ["run"]})
+        job = await srv.client.submit("blocking", {"block": ["run"]})
         loop = asyncio.get_running_loop()
         start = loop.time()
         async with aiohttp.ClientSession() as s, s.get(f"{srv.url}/jobs/{job}?wait=1.5") as r:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from tests.gate import GateHandler
+from tests.blocking import BlockingHandler
 from tests.serverutil import ServerFactory, eventually
 
 API_ROUTES = {
@@ -59,12 +59,12 @@ async def test_status_shape(make_server: ServerFactory) -> None:
 
 
 async def test_metrics_live_gauges_and_counters(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server(init_workers=1) as srv:
-        first = await srv.client.submit("gate", {"block": ["init"]})
-        await gate.event(first, "init").wait()
-        await srv.client.submit_batch([{"task": "gate", "instance": {}}] * 3)
+        first = await srv.client.submit("blocking", {"block": ["init"]})
+        await blocking.event(first, "init").wait()
+        await srv.client.submit_batch([{"task": "blocking", "instance": {}}] * 3)
         await srv.client.submit("sleep", {"fail_in": "run"}, job_id="f1")
         status, text, headers = await _get(f"{srv.url}/metrics")
         assert status == 200 and headers["Content-Type"].startswith("text/plain")
@@ -79,7 +79,7 @@ async def test_metrics_live_gauges_and_counters(
             "prorl_backend_inflight",
         ):
             assert name in text
-        gate.release(first)
+        blocking.release(first)
         await eventually(lambda: srv.service.store.unfinished_count() == 0)
         _, text, _ = await _get(f"{srv.url}/metrics")
         assert 'prorl_jobs_total{status="done"} 4.0' in text

@@ -21,7 +21,7 @@ async def test_openapi_states_bounds_enums_and_one_of(make_server: ServerFactory
         schemas = doc["components"]["schemas"]
         process = schemas["ProcessRequest"]["properties"]
         assert process["task"]["enum"] == srv.service.registry.names()
-        assert "gate" in process["task"]["enum"] and "sleep" in process["task"]["enum"]
+        assert "blocking" in process["task"]["enum"] and "sleep" in process["task"]["enum"]
         assert process["timeout_s"]["anyOf"][0]["exclusiveMinimum"] == 0
         assert process["sampling_params"]["$ref"].endswith("/SamplingParams")
         sampling = schemas["SamplingParams"]
@@ -37,7 +37,7 @@ async def test_openapi_states_bounds_enums_and_one_of(make_server: ServerFactory
 
 async def test_cancel_takes_one_of_job_id_or_job_ids(make_server: ServerFactory) -> None:
     async with make_server() as srv:
-        job = await srv.client.submit("gate", {"block": ["run"]})
+        job = await srv.client.submit("blocking", {"block": ["run"]})
         async with aiohttp.ClientSession() as s:
             body = {"job_id": job, "job_ids": [job]}
             async with s.post(f"{srv.url}/cancel", json=body) as r:

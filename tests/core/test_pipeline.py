@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.gate import GateHandler
+from tests.blocking import BlockingHandler
 from tests.serverutil import ServerFactory, eventually
 
 
@@ -51,14 +51,14 @@ async def test_run_over_budget_times_out(make_server: ServerFactory) -> None:
 
 
 async def test_timeout_releases_held_resources(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server() as srv:
-        job_id = await srv.client.submit("gate", {"block": ["run"]}, timeout_s=0.3)
+        job_id = await srv.client.submit("blocking", {"block": ["run"]}, timeout_s=0.3)
         res = await srv.client.result(job_id, wait=10)
         assert res is not None and res["status"] == "timed_out" and res["error"]["stage"] == "run"
-        assert job_id in gate.released and job_id not in gate.held
-        assert (job_id, "run_exception") in gate.calls
+        assert job_id in blocking.released and job_id not in blocking.held
+        assert (job_id, "run_exception") in blocking.calls
 
 
 @pytest.mark.parametrize("stage", ["init", "run", "eval"])
@@ -82,117 +82,121 @@ async def test_failure_in_each_stage(make_server: ServerFactory, stage: str) -> 
 
 @pytest.mark.parametrize("stage", ["init", "run", "eval"])
 async def test_failure_calls_exception_hook_and_skips_later_stages(
-    make_server: ServerFactory, gate: GateHandler, stage: str
+    make_server: ServerFactory, blocking: BlockingHandler, stage: str
 ) -> None:
     async with make_server() as srv:
-        job_id = await srv.client.submit("gate", {"fail": stage})
+        job_id = await srv.client.submit("blocking", {"fail": stage})
         res = await srv.client.result(job_id, wait=10)
         assert res is not None and res["status"] == "failed" and res["error"]["stage"] == stage
-        assert res["gate_final"] is True  # final_result extras reach the document
-        stages = [s for j, s in gate.calls if j == job_id]
+        assert res["blocking_final"] is True  # final_result extras reach the document
+        stages = [s for j, s in blocking.calls if j == job_id]
         order = ["init", "run", "eval"]
         assert stages == order[: order.index(stage) + 1] + [f"{stage}_exception"]
-        assert job_id in gate.released and not gate.held
+        assert job_id in blocking.released and not blocking.held
 
 
 async def test_resources_released_after_run_before_eval(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server() as srv:
-        job_id = await srv.client.submit("gate", {"block": ["eval"]})
-        await gate.event(job_id, "eval").wait()
-        assert job_id in gate.released  # freed right after RUN, EVAL still running
-        gate.release(job_id)
+        job_id = await srv.client.submit("blocking", {"block": ["eval"]})
+        await blocking.event(job_id, "eval").wait()
+        assert job_id in blocking.released  # freed right after RUN, EVAL still running
+        blocking.release(job_id)
         res = await srv.client.result(job_id, wait=10)
         assert res is not None and res["status"] == "done" and res["reward"] == 0.5
 
 
 @pytest.mark.parametrize("stage", ["init", "run", "eval"])
-async def test_cancel_in_stage(make_server: ServerFactory, gate: GateHandler, stage: str) -> None:
+async def test_cancel_in_stage(
+    make_server: ServerFactory, blocking: BlockingHandler, stage: str
+) -> None:
     async with make_server() as srv:
-        job_id = await srv.client.submit("gate", {"block": [stage]})
-        await gate.event(job_id, stage).wait()
+        job_id = await srv.client.submit("blocking", {"block": [stage]})
+        await blocking.event(job_id, stage).wait()
         out = await srv.client.cancel(job_id)
         assert out == {"cancelled": [job_id], "already_finished": [], "not_found": []}
         # Released before the cancel call returned.
-        assert job_id in gate.released and job_id not in gate.held
+        assert job_id in blocking.released and job_id not in blocking.held
         res = await srv.client.result(job_id)
         assert res is not None and res["status"] == "cancelled"
         again = await srv.client.cancel([job_id, "nope"])
         assert again == {"cancelled": [], "already_finished": [job_id], "not_found": ["nope"]}
 
 
-async def test_cancel_queued_job_never_runs(make_server: ServerFactory, gate: GateHandler) -> None:
+async def test_cancel_queued_job_never_runs(
+    make_server: ServerFactory, blocking: BlockingHandler
+) -> None:
     async with make_server(init_workers=1) as srv:
-        blocker = await srv.client.submit("gate", {"block": ["init"]})
-        await gate.event(blocker, "init").wait()
-        queued = await srv.client.submit("gate", {}, job_id="q-1")
+        blocker = await srv.client.submit("blocking", {"block": ["init"]})
+        await blocking.event(blocker, "init").wait()
+        queued = await srv.client.submit("blocking", {}, job_id="q-1")
         status = await srv.client.status()
         assert status["queues"]["init"] == 1
         out = await srv.client.cancel([queued])
         assert out["cancelled"] == [queued]
         assert (await srv.client.status())["queues"]["init"] == 0
-        gate.release(blocker)
+        blocking.release(blocker)
         assert (await srv.client.result(blocker, wait=10) or {})["status"] == "done"
         # A late duplicate submit does not resurrect it, and it never ran.
-        assert await srv.client.submit("gate", {}, job_id="q-1") == "q-1"
+        assert await srv.client.submit("blocking", {}, job_id="q-1") == "q-1"
         res = await srv.client.result("q-1")
         assert res is not None and res["status"] == "cancelled"
-        assert not [c for c in gate.calls if c[0] == "q-1"]
+        assert not [c for c in blocking.calls if c[0] == "q-1"]
 
 
 async def test_cancel_between_stages_releases(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server(run_workers=1) as srv:
-        blocker = await srv.client.submit("gate", {"block": ["run"]})
-        await gate.event(blocker, "run").wait()
-        second = await srv.client.submit("gate", {})
-        await gate.event(second, "init").wait()
+        blocker = await srv.client.submit("blocking", {"block": ["run"]})
+        await blocking.event(blocker, "run").wait()
+        second = await srv.client.submit("blocking", {})
+        await blocking.event(second, "init").wait()
 
         async def in_run_queue() -> bool:  # INIT finished, waiting for the RUN worker
             return (await srv.client.status())["queues"]["run"] == 1
 
         await eventually(in_run_queue)
-        assert second in gate.held
+        assert second in blocking.held
         await srv.client.cancel(second)
-        assert second not in gate.held
-        gate.release(blocker)
+        assert second not in blocking.held
+        blocking.release(blocker)
         await srv.client.result(blocker, wait=10)
-        assert (second, "run") not in gate.calls
+        assert (second, "run") not in blocking.calls
 
 
-async def test_idempotent_submit(make_server: ServerFactory, gate: GateHandler) -> None:
+async def test_idempotent_submit(make_server: ServerFactory, blocking: BlockingHandler) -> None:
     async with make_server() as srv:
-        a = await srv.client.submit("gate", {"block": ["run"]}, job_id="same")
-        b = await srv.client.submit("gate", {}, job_id="same")
+        a = await srv.client.submit("blocking", {"block": ["run"]}, job_id="same")
+        b = await srv.client.submit("blocking", {}, job_id="same")
         assert a == b == "same"
         ids = await srv.client.submit_batch(
             [
-                {"task": "gate", "instance": {}, "job_id": "same"},
+                {"task": "blocking", "instance": {}, "job_id": "same"},
                 {"task": "sleep", "instance": {}, "job_id": "b1"},
                 {"task": "sleep", "instance": {}, "job_id": "b1"},
             ]
         )
         assert ids == ["same", "b1", "b1"]
-        await gate.event("same", "run").wait()
-        assert [c for c in gate.calls if c == ("same", "init")] == [("same", "init")]
-        gate.release("same")
+        await blocking.event("same", "run").wait()
+        assert [c for c in blocking.calls if c == ("same", "init")] == [("same", "init")]
+        blocking.release("same")
         assert (await srv.client.result("same", wait=10) or {})["status"] == "done"
 
 
 async def test_stop_cancels_everything_and_start_resumes(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     from prorl_async.client import ServiceUnavailableError
 
     async with make_server(init_workers=1) as srv:
-        running = await srv.client.submit("gate", {"block": ["init"]})
-        queued = await srv.client.submit("gate", {})
-        await gate.event(running, "init").wait()
+        running = await srv.client.submit("blocking", {"block": ["init"]})
+        queued = await srv.client.submit("blocking", {})
+        await blocking.event(running, "init").wait()
         status = await srv.client.stop()
         assert status["state"] == "stopped"
-        assert not gate.held
+        assert not blocking.held
         for job_id in (running, queued):
             assert (await srv.client.result(job_id) or {})["status"] == "cancelled"
         with pytest.raises(ServiceUnavailableError) as err:
@@ -230,13 +234,13 @@ async def test_many_jobs_concurrently_all_finish(make_server: ServerFactory) -> 
 
 
 async def test_worker_count_bounds_concurrency(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     # Eager INIT: with just-in-time INIT only one job would be let into RUN's queue.
     async with make_server(run_workers=2, jit_init=False) as srv:
-        ids = [await srv.client.submit("gate", {"block": ["run"]}) for _ in range(4)]
-        await gate.event(ids[0], "run").wait()
-        await gate.event(ids[1], "run").wait()
+        ids = [await srv.client.submit("blocking", {"block": ["run"]}) for _ in range(4)]
+        await blocking.event(ids[0], "run").wait()
+        await blocking.event(ids[1], "run").wait()
 
         async def two_queued() -> bool:
             return (await srv.client.status())["queues"]["run"] == 2
@@ -244,9 +248,12 @@ async def test_worker_count_bounds_concurrency(
         await eventually(two_queued)
         status = await srv.client.status()
         assert status["active"]["run"] == 2
-        assert not gate.event(ids[2], "run").is_set() and not gate.event(ids[3], "run").is_set()
+        assert (
+            not blocking.event(ids[2], "run").is_set()
+            and not blocking.event(ids[3], "run").is_set()
+        )
         for job_id in ids:
-            gate.release(job_id)
+            blocking.release(job_id)
         for job_id in ids:
             assert (await srv.client.result(job_id, wait=10) or {})["status"] == "done"
 
@@ -266,17 +273,17 @@ async def test_cancel_racing_completion_is_consistent(
         await asyncio.sleep(0)
 
 
-async def test_submit_wire_statuses(make_server: ServerFactory, gate: GateHandler) -> None:
+async def test_submit_wire_statuses(make_server: ServerFactory, blocking: BlockingHandler) -> None:
     import aiohttp
 
     async with make_server() as srv, aiohttp.ClientSession() as s:
-        body = {"task": "gate", "instance": {"block": ["run"]}, "job_id": "w1"}
+        body = {"task": "blocking", "instance": {"block": ["run"]}, "job_id": "w1"}
         async with s.post(f"{srv.url}/process", json=body) as r:
             assert r.status == 202 and await r.json() == {"job_id": "w1", "status": "queued"}
-        await gate.event("w1", "run").wait()
+        await blocking.event("w1", "run").wait()
         async with s.post(f"{srv.url}/process", json=body) as r:
             assert r.status == 200 and await r.json() == {"job_id": "w1", "status": "run"}
-        gate.release("w1")
+        blocking.release("w1")
         assert (await srv.client.result("w1", wait=10) or {})["status"] == "done"
         async with s.post(f"{srv.url}/process", json=body) as r:
             assert r.status == 200 and (await r.json())["status"] == "done"

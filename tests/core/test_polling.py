@@ -10,52 +10,52 @@ from types import SimpleNamespace
 import aiohttp
 
 from prorl_async.client import NotFoundError, RolloutClient
-from tests.gate import GateHandler
+from tests.blocking import BlockingHandler
 from tests.serverutil import ServerFactory, eventually, server_process
 
 
 async def test_poll_returns_as_soon_as_one_job_ends(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server() as srv:
-        a = await srv.client.submit("gate", {"block": ["run"]})
-        b = await srv.client.submit("gate", {"block": ["run"]})
-        await gate.event(a, "run").wait()
+        a = await srv.client.submit("blocking", {"block": ["run"]})
+        b = await srv.client.submit("blocking", {"block": ["run"]})
+        await blocking.event(a, "run").wait()
         poll = asyncio.create_task(srv.client.poll([a, b, "ghost"], wait=30))
         await eventually(lambda: srv.service.poll_waiters == 1)
         t0 = time.monotonic()
-        gate.release(b)
+        blocking.release(b)
         out = await poll
         assert time.monotonic() - t0 < 5
         assert [d["job_id"] for d in out["done"]] == [b]
         assert out["pending"] == [a] and out["unknown"] == ["ghost"]
         assert srv.service.poll_waiters == 0
-        gate.release(a)
+        blocking.release(a)
 
 
 async def test_wait_zero_and_202_while_pending(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server() as srv:
-        a = await srv.client.submit("gate", {"block": ["init"]})
+        a = await srv.client.submit("blocking", {"block": ["init"]})
         async with aiohttp.ClientSession() as s, s.get(f"{srv.url}/jobs/{a}") as r:
             assert r.status == 202
             assert (await r.json())["status"] in ("queued_init", "init")
         t0 = time.monotonic()
         assert await srv.client.result(a, wait=0.3) is None
         assert 0.25 <= time.monotonic() - t0 < 3
-        gate.release(a)
+        blocking.release(a)
 
 
 async def test_wait_is_capped_by_server_config(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server(max_wait_s=0.2) as srv:
-        a = await srv.client.submit("gate", {"block": ["init"]})
+        a = await srv.client.submit("blocking", {"block": ["init"]})
         t0 = time.monotonic()
         assert await srv.client.result(a, wait=60) is None
         assert time.monotonic() - t0 < 5
-        gate.release(a)
+        blocking.release(a)
 
 
 async def test_thousand_concurrent_long_polls(tmp_path: Path) -> None:
@@ -93,10 +93,10 @@ async def test_thousand_concurrent_long_polls(tmp_path: Path) -> None:
 
 
 async def test_disconnected_poll_leaves_no_waiter(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server() as srv:
-        a = await srv.client.submit("gate", {"block": ["init"]})
+        a = await srv.client.submit("blocking", {"block": ["init"]})
         async with aiohttp.ClientSession() as s:
             req = asyncio.create_task(s.get(f"{srv.url}/jobs/{a}?wait=60"))
             poll = asyncio.create_task(s.post(f"{srv.url}/poll", json={"job_ids": [a], "wait": 60}))
@@ -109,7 +109,7 @@ async def test_disconnected_poll_leaves_no_waiter(
         assert "prorl_poll_waiters 0.0" in metrics
         job = srv.service.store.get(a)
         assert job is not None and not job._waiters
-        gate.release(a)
+        blocking.release(a)
 
 
 async def _metrics(url: str) -> str:
@@ -140,15 +140,17 @@ async def test_retention_sweeper_runs_by_itself(make_server: ServerFactory) -> N
         await eventually(lambda: len(srv.service.store) == 0)
 
 
-async def test_delete_forgets_and_cancels(make_server: ServerFactory, gate: GateHandler) -> None:
+async def test_delete_forgets_and_cancels(
+    make_server: ServerFactory, blocking: BlockingHandler
+) -> None:
     async with make_server() as srv:
         done = await srv.client.submit("sleep", {})
         await srv.client.result(done, wait=10)
         await srv.client.delete(done)
-        running = await srv.client.submit("gate", {"block": ["run"]})
-        await gate.event(running, "run").wait()
+        running = await srv.client.submit("blocking", {"block": ["run"]})
+        await blocking.event(running, "run").wait()
         await srv.client.delete(running)
-        assert running in gate.released
+        assert running in blocking.released
         for job_id in (done, running):
             try:
                 await srv.client.result(job_id)

@@ -33,7 +33,7 @@ class _Trajectory:
 def _job(extra: dict[str, Any], eval_: dict[str, Any]) -> Job:
     job = Job(
         job_id="j-1", task="t", handler=_Handler(extra), instance=None, sampling_params={},
-        timeout_s=5.0, metadata={"m": 1}, services=None,
+        timeout_s=5.0, metadata={"m": 1}, shared=None,
     )  # fmt: skip
     job.status, job.reward, job.eval, job.seq = "failed", 0.5, eval_, 7
     job.error = ErrorInfo("run", "X", "boom")

@@ -1,4 +1,4 @@
-"""``GET /results``: the completion log read by cursor, on a real server (both stores)."""
+"""``GET /results``: the result log read by cursor, on a real server (both stores)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 
 from prorl_async.client import GoneError
-from tests.gate import GateHandler
+from tests.blocking import BlockingHandler
 from tests.serverutil import ServerFactory, eventually
 
 SLEEP = {"task": "sleep", "instance": {}}
@@ -50,17 +50,17 @@ async def test_pages_in_seq_order_and_documents_carry_their_seq(
 
 
 async def test_a_long_poll_returns_when_a_job_ends(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server() as srv:
         c = srv.client
-        job = await c.submit("gate", {"block": ["run"]})
+        job = await c.submit("blocking", {"block": ["run"]})
         start = (await c.status())["last_seq"]
         reader = asyncio.ensure_future(c.results(start, wait=60))
         log = srv.service.store.log
         await eventually(lambda: log.waiters("default") == 1)  # waiting on the server
         assert not reader.done()
-        gate.release(job)
+        blocking.release(job)
         out = await reader
         assert [d["job_id"] for d in out["results"]] == [job]
         assert log.waiters("default") == 0

@@ -1,4 +1,4 @@
-"""The completion log on a real server process: exactly once, in order, across kill -9."""
+"""The result log on a real server process: exactly once, in order, across kill -9."""
 
 from __future__ import annotations
 

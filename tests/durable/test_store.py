@@ -13,7 +13,7 @@ import aiohttp
 import msgspec
 
 from prorl_async.client import RolloutClient
-from tests.gate import GateHandler
+from tests.blocking import BlockingHandler
 from tests.serverutil import ServerFactory, eventually, server_process
 
 SLEEP0 = {"task": "sleep", "instance": {}}
@@ -83,7 +83,7 @@ async def test_results_idempotency_and_tombstones_survive_sigterm_restart(
 
 
 async def test_an_answer_that_a_job_ended_waits_for_its_commit(
-    make_server: ServerFactory, gate: GateHandler, tmp_path: Path
+    make_server: ServerFactory, blocking: BlockingHandler, tmp_path: Path
 ) -> None:
     """A cancel's answer, and a result served by /poll or GET /jobs/{id}, come only once the
     job's end is committed: a kill -9 after the answer cannot requeue a job its client was
@@ -92,16 +92,16 @@ async def test_an_answer_that_a_job_ended_waits_for_its_commit(
     async with make_server() as srv:
         store, client = srv.service.store, srv.client
         for job_id in ("to-cancel", "to-finish"):
-            await client.submit("gate", {"block": ["run"]}, job_id=job_id)
+            await client.submit("blocking", {"block": ["run"]}, job_id=job_id)
         async with asyncio.timeout(30):
-            await gate.event("to-cancel", "run").wait()
-            await gate.event("to-finish", "run").wait()
+            await blocking.event("to-cancel", "run").wait()
+            await blocking.event("to-finish", "run").wait()
         writer = store._writer
         assert writer is not None
         os.kill(writer.pid, signal.SIGSTOP)
         try:
             cancel = asyncio.create_task(client.cancel("to-cancel"))
-            gate.release("to-finish")
+            blocking.release("to-finish")
             ended = {"to-cancel": "cancelled", "to-finish": "done"}
             await eventually(lambda: all(store.status(j) == s for j, s in ended.items()), 30)
             poll = asyncio.create_task(client.poll(["to-finish"], wait=0))

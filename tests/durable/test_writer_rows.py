@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from prorl_async.core.job import Job
-from prorl_async.store import _commit, _completions
+from prorl_async.store import _commit, _resultlog
 from prorl_async.store import sqlite as store_sqlite
 from prorl_async.store._commit import RowKind
 from prorl_async.store._writer import StoreWriteError, Writer
@@ -32,7 +32,7 @@ def _create(path: Path) -> Path:
     """A job database as the store opens it, with its schema."""
     conn = store_sqlite._connect(path)
     conn.executescript(store_sqlite._SCHEMA)
-    _completions.migrate(conn)
+    _resultlog.migrate(conn)
     conn.close()
     return path
 
@@ -332,7 +332,7 @@ def _ended(i: int, callback: bool) -> Job:
         sampling_params={},
         timeout_s=60.0,
         metadata={},
-        services=None,
+        shared=None,
     )
     job.callback_url = "http://127.0.0.1:9/hook" if callback else None
     return job

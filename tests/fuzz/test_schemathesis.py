@@ -3,7 +3,7 @@
 Bounded: a fixed seed and example count per operation, ``PRORL_FUZZ_EXAMPLES`` (40 by default:
 ~950 requests; 200: 2,347; CI sets 300). Fails on any 5xx
 other than 503 (stopped or admission full) and on any response that does not match
-the OpenAPI document. Only the ``sleep`` and ``gate`` tasks are registered, so no
+the OpenAPI document. Only the ``sleep`` and ``blocking`` tasks are registered, so no
 job ever calls an LLM backend the fuzzer registers (those addresses are random).
 """
 
@@ -21,7 +21,7 @@ from handlers.sleep import SleepHandler
 from prorl_async.api.app import run_server
 from prorl_async.config import load_config
 from prorl_async.core.handler import HandlerRegistry
-from tests.gate import GateHandler
+from tests.blocking import BlockingHandler
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 TOKEN = "fuzz-token"
@@ -45,7 +45,7 @@ async def test_schemathesis_finds_no_server_error_or_schema_violation(tmp_path: 
     )
     registry = HandlerRegistry()
     registry.register(SleepHandler())
-    registry.register(GateHandler())
+    registry.register(BlockingHandler())
     async with run_server(cfg, registry) as (_, url):
         out = await _schemathesis(url, tmp_path)
     found = re.search(r"(\d+) generated", out)

@@ -158,4 +158,4 @@ async def finished(srv: Server, job_id: str, wait: float = 60.0) -> dict[str, An
 
 def assert_nothing_live(srv: Server) -> None:
     """No sandbox of the server is left open."""
-    assert srv.service.services.runtime.live == 0
+    assert srv.service.shared.runtime.live == 0

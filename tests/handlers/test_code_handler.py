@@ -213,13 +213,13 @@ class EvalStartFails:
 
 @contextmanager
 def eval_start_fails(srv: Server) -> Iterator[EvalStartFails]:
-    services = srv.service.services
-    double = EvalStartFails(services.runtime)
-    services.runtime = double
+    shared = srv.service.shared
+    double = EvalStartFails(shared.runtime)
+    shared.runtime = double
     try:
         yield double
     finally:
-        services.runtime = double.real
+        shared.runtime = double.real
 
 
 async def test_eval_crash_fresh_sandbox_fails(make_server: ServerFactory) -> None:

@@ -110,7 +110,7 @@ async def rollout(
 async def no_sandboxes(srv: Server) -> None:
     status = await srv.client.status()
     assert status["sandboxes"] == 0
-    assert srv.service.services.runtime is None or srv.service.services.runtime.live == 0
+    assert srv.service.shared.runtime is None or srv.service.shared.runtime.live == 0
 
 
 @pytest.mark.parametrize("form", ["files", "archive"])

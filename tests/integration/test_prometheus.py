@@ -10,8 +10,8 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from tests.blocking import BlockingHandler
 from tests.conftest import require
-from tests.gate import GateHandler
 from tests.serverutil import ServerFactory
 
 
@@ -30,15 +30,15 @@ async def _query(session: aiohttp.ClientSession, prom: str, expr: str) -> list[d
 
 
 async def test_prometheus_reads_queue_depth(
-    tmp_path: Path, make_server: ServerFactory, gate: GateHandler
+    tmp_path: Path, make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     binary = shutil.which("prometheus")
     require(binary is not None, "prometheus is not installed (apt-get install prometheus)")
     assert binary is not None
     async with make_server(init_workers=1) as srv:
-        blocker = await srv.client.submit("gate", {"block": ["init"]})
-        await gate.event(blocker, "init").wait()
-        await srv.client.submit_batch([{"task": "gate", "instance": {}}] * 3)
+        blocker = await srv.client.submit("blocking", {"block": ["init"]})
+        await blocking.event(blocker, "init").wait()
+        await srv.client.submit_batch([{"task": "blocking", "instance": {}}] * 3)
         target = urlsplit(srv.url).netloc
         config = tmp_path / "prometheus.yml"
         config.write_text(
@@ -74,4 +74,4 @@ async def test_prometheus_reads_queue_depth(
         finally:
             proc.terminate()
             await proc.wait()
-        gate.release(blocker)
+        blocking.release(blocker)

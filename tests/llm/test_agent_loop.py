@@ -29,7 +29,7 @@ class ScriptedGenerator:
     """Test double for a backend lease: records every request and returns scripted ids.
 
     A reply longer than the request's ``max_tokens`` is cut and reported as ``length``, as an
-    engine would. ``gate`` (when set) makes the call with that index wait for it.
+    engine would. ``hold`` (when set) makes the call with that index wait for it.
     """
 
     def __init__(self, replies: list[Reply]) -> None:
@@ -37,15 +37,15 @@ class ScriptedGenerator:
         self.requests: list[tuple[list[int], int, dict[str, Any]]] = []
         self.completions: list[Generation] = []
         self.entered = asyncio.Event()
-        self.gate: tuple[int, asyncio.Event] | None = None
+        self.hold: tuple[int, asyncio.Event] | None = None
 
     async def generate(
         self, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
     ) -> Generation:
         self.requests.append((list(prompt_ids), max_tokens, dict(sampling)))
-        if self.gate is not None and self.gate[0] == len(self.requests) - 1:
+        if self.hold is not None and self.hold[0] == len(self.requests) - 1:
             self.entered.set()
-            await self.gate[1].wait()
+            await self.hold[1].wait()
         reply = self.replies.pop(0)
         ids = reply.ids[:max_tokens]
         finish = "length" if len(ids) < len(reply.ids) else reply.finish_reason
@@ -252,7 +252,7 @@ async def test_cancel_mid_loop_keeps_the_turns_so_far(tok: ChatTokenizer) -> Non
     gen = ScriptedGenerator(
         [Reply(odd_ids(tok, call("bash", command="ls"))), Reply(odd_ids(tok, "x"))]
     )
-    gen.gate = (1, asyncio.Event())
+    gen.hold = (1, asyncio.Event())
     traj = Trajectory()
     task = asyncio.ensure_future(run(gen, tok, traj=traj))
     await gen.entered.wait()

@@ -3,7 +3,7 @@ processes: ``tests/chaos/fake_runtime.py``; each start is resolved by the test).
 
 The rule under test: no start waits for a budget slot while a slot is held by an idle
 warm sandbox or by a warm start still under way, whatever the order of warm starts,
-takes, evictions, releases, gate changes and resizes; and the warm pool refills once
+takes, evictions, releases, admission changes and resizes; and the warm pool refills once
 nobody waits.
 """
 
@@ -55,7 +55,7 @@ async def until(check: Callable[[], bool]) -> None:
 
 
 def holds_slot_a_waiter_needs(rt: FakeRuntime, warm: WarmPool) -> bool:
-    """The bug: someone whose gate is open waits (or the budget is over its capacity)
+    """The bug: someone whose admission rule admits waits (or the budget is over its capacity)
     while the warm pool holds a slot it could give back (idle, or a start under way).
     Computed here from the budget's lines, not with the code under test's own sums."""
     budget = rt.budget
@@ -102,27 +102,27 @@ async def test_starts_waiting_behind_warm_starts_that_hold_every_slot_get_them(
         assert rt.budget.live == 2 and warm.starting == 0
 
 
-async def test_warm_starts_ending_after_a_gated_wait_are_given_up_when_the_gate_opens(
+async def test_warm_starts_ending_after_a_gated_wait_are_given_up_when_the_admittings(
     rt: FakeRuntime,
 ) -> None:
     """The order of the issue: the job waits first, the warm starts finish after. A job
-    behind a closed gate (just-in-time INIT) is not owed a slot; once its gate opens,
+    held back by its admission rule (just-in-time INIT) is not owed a slot; once it admits,
     the idle warm sandboxes that came up meanwhile give it one."""
-    gate_open = False
-    rt.budget.gate("init", lambda: gate_open)
+    admitting = False
+    rt.budget.admit_when("init", lambda: admitting)
     rt.budget.resize(2)
     async with WarmPool(rt, WARM, size=2) as warm:
         warm.start()
         await until(lambda: len(pending(rt, warm=True)) == 2)
         job = job_start(rt, FILES)
         await until(lambda: rt.budget.waiting == 1)
-        # The gate is closed: nobody may take a slot yet, the warm starts go on.
+        # Admission is closed: nobody may take a slot yet, the warm starts go on.
         assert len(pending(rt, warm=True)) == 2
         for start in pending(rt, warm=True):
             start.ok()
         await until(lambda: warm.ready == 2)
         assert rt.budget.waiting == 1
-        gate_open = True
+        admitting = True
         rt.budget.wake()  # as a pipeline change does
         await until(lambda: len(pending(rt, warm=False)) == 1)
         assert warm.evicted == 1 and warm.ready == 1 and rt.budget.waiting == 0
@@ -183,8 +183,8 @@ async def test_a_waiter_that_goes_away_does_not_leave_the_pool_stuck(rt: FakeRun
         await until(lambda: len(pending(rt, warm=True)) == 1)
         pending(rt, warm=True)[0].ok()
         await until(lambda: warm.ready == 1)
-        gate_open = False
-        rt.budget.gate("init", lambda: gate_open)
+        admitting = False
+        rt.budget.admit_when("init", lambda: admitting)
         job = job_start(rt, FILES)  # evicts the idle one at once (a full budget), then waits
         await until(lambda: rt.budget.waiting == 1 and warm.ready == 0)
         job.cancel()
@@ -200,23 +200,23 @@ SEEDS = int(os.environ.get("PRORL_WARM_SEEDS", "30"))
 @pytest.mark.parametrize("seed", range(SEEDS))
 async def test_no_start_waits_behind_a_warm_slot_in_any_order(tmp_path: Path, seed: int) -> None:
     """Random orders of warm starts ending well or badly, job starts of every stage and
-    spec, closes, cancels, idle warm sandboxes dying, gate changes and resizes. After
+    spec, closes, cancels, idle warm sandboxes dying, admission changes and resizes. After
     every step: nobody waits while the pool holds a slot it could give back. At the end
     every start has ended and every slot is back."""
     rng = random.Random(seed)
     rt = FakeRuntime(fake_config(tmp_path))
     rt.budget.resize(rng.randint(1, 3))
-    gate_open = True
-    rt.budget.gate("init", lambda: gate_open)
+    admitting = True
+    rt.budget.admit_when("init", lambda: admitting)
     jobs: list[asyncio.Task[FakeSandbox]] = []
     held: list[FakeSandbox] = []
     where = f"seed {seed} (PRORL_WARM_SEEDS)"
 
     async def step(warm: WarmPool) -> str:
-        nonlocal gate_open
+        nonlocal admitting
         what = rng.choice(
             ["job", "job", "job", "ok", "ok", "ok", "fail", "close", "close", "cancel",
-             "gate", "resize", "die"]
+             "admission", "resize", "die"]
         )  # fmt: skip
         if what == "job":
             spec = rng.choice([WARM, WARM, FILES, LIMITS])
@@ -233,8 +233,8 @@ async def test_no_start_waits_behind_a_warm_slot_in_any_order(tmp_path: Path, se
                 await held.pop(rng.randrange(len(held))).aclose()
         elif what == "cancel" and jobs:
             rng.choice(jobs).cancel()
-        elif what == "gate":
-            gate_open = not gate_open
+        elif what == "admission":
+            admitting = not admitting
             rt.budget.wake()
         elif what == "resize":
             rt.budget.resize(rng.randint(1, 3))
@@ -257,8 +257,8 @@ async def test_no_start_waits_behind_a_warm_slot_in_any_order(tmp_path: Path, se
                         f"live {rt.budget.live}/{rt.budget.capacity}, warm ready "
                         f"{warm.ready}, starting {len(pending(rt, warm=True))}"
                     )
-            # Drain: the gate opens, every start succeeds, every job closes its sandbox.
-            gate_open = True
+            # Drain: admission opens, every start succeeds, every job closes its sandbox.
+            admitting = True
             rt.budget.wake()
 
             async def drained() -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 
 from prorl_async.client import RolloutClient
 from prorl_async.tenancy import FairQueue
-from tests.gate import GateHandler
+from tests.blocking import BlockingHandler
 from tests.serverutil import ServerFactory, eventually
 
 Item = tuple[str, int]
@@ -88,7 +88,7 @@ def test_on_equal_loads_and_without_shares_it_is_deficit_round_robin() -> None:
 
 async def _admission_order(
     make_server: ServerFactory,
-    gate: GateHandler,
+    blocking: BlockingHandler,
     tenants: dict[str, Any],
     waves: list[dict[str, int]],
 ) -> list[str]:
@@ -103,40 +103,40 @@ async def _admission_order(
             for client in clients.values():
                 await client.__aenter__()
             for wave in waves:
-                blocker = await clients["x"].submit("gate", {"block": ["init"]})
-                await gate.event(blocker, "init").wait()
+                blocker = await clients["x"].submit("blocking", {"block": ["init"]})
+                await blocking.event(blocker, "init").wait()
                 for tenant, n in wave.items():
                     ids = await clients[tenant].submit_batch(
-                        [{"task": "gate", "instance": {"block": ["run"]}}] * n
+                        [{"task": "blocking", "instance": {"block": ["run"]}}] * n
                     )
                     owner.update(dict.fromkeys(ids, tenant))
-                gate.release(blocker)
-                await eventually(lambda: all((j, "init") in gate.entered for j in owner), 60)
+                blocking.release(blocker)
+                await eventually(lambda: all((j, "init") in blocking.entered for j in owner), 60)
         finally:
             for job in owner:
-                gate.release(job)
+                blocking.release(job)
             await eventually(lambda: srv.service.store.unfinished_count() == 0, timeout=60)
             for client in clients.values():
                 await client.aclose()
-    return [owner[job] for job, stage in gate.calls if stage == "init" and job in owner]
+    return [owner[job] for job, stage in blocking.calls if stage == "init" and job in owner]
 
 
 async def test_weights_3_to_1_give_3_to_1_of_the_slots(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     tenants = {"c": {"token": "tc", "weight": 3}, "d": {"token": "td", "weight": 1}}
-    order = await _admission_order(make_server, gate, tenants, [{"c": 200, "d": 200}])
+    order = await _admission_order(make_server, blocking, tenants, [{"c": 200, "d": 200}])
     assert Counter(order[:8]) == {"c": 6, "d": 2}
     assert Counter(order[:200]) == {"c": 150, "d": 50}
 
 
 async def test_a_flood_does_not_starve_a_small_tenant(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     tenants = {"a": {"token": "ta"}, "b": {"token": "tb"}}
     # b's 50 jobs, queued behind 2,000 of a's, enter INIT within the first 100
-    order = await _admission_order(make_server, gate, tenants, [{"a": 2000, "b": 50}])
+    order = await _admission_order(make_server, blocking, tenants, [{"a": 2000, "b": 50}])
     assert Counter(order[:100]) == {"a": 50, "b": 50}
     # a holds 30 in flight when b comes: b's 20 go first, though a's 100 were queued first
-    order = await _admission_order(make_server, gate, tenants, [{"a": 30}, {"a": 100, "b": 20}])
+    order = await _admission_order(make_server, blocking, tenants, [{"a": 30}, {"a": 100, "b": 20}])
     assert order[:30] == ["a"] * 30 and order[30:50] == ["b"] * 20

@@ -21,7 +21,7 @@ from prorl_async.client import (
     TooManyRequestsError,
     UnauthorizedError,
 )
-from tests.gate import GateHandler
+from tests.blocking import BlockingHandler
 from tests.serverutil import ServerFactory, eventually, server_process
 from tests.sse import open_events
 
@@ -43,11 +43,11 @@ async def _clients(url: str, *names: str) -> AsyncIterator[list[RolloutClient]]:
 
 
 async def test_a_tenant_cannot_see_poll_stream_or_cancel_another_tenants_jobs(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server(tenants=TENANTS) as srv, _clients(srv.url, "a", "b") as (a, b):
         mine = await a.submit("sleep", {})
-        theirs = await b.submit("gate", {"block": ["run"]})
+        theirs = await b.submit("blocking", {"block": ["run"]})
         done = await b.submit("sleep", {})
         await eventually(lambda: srv.service.store.status(done) == "done")
         for job in (theirs, done):
@@ -74,7 +74,7 @@ async def test_a_tenant_cannot_see_poll_stream_or_cancel_another_tenants_jobs(
         assert srv.service.store.status(theirs) == "run"
         assert (await b.cancel([theirs]))["cancelled"] == [theirs]
         assert (await b.results(0, limit=10, wait=10))["results"][0]["job_id"] == done
-        gate.release(theirs)
+        blocking.release(theirs)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ async def test_a_wrong_path_or_method_asks_for_a_token_first_then_answers_404_or
 
 
 async def test_status_and_metrics_are_broken_down_by_tenant(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with (
         make_server(tenants=TENANTS) as srv,
@@ -149,9 +149,9 @@ async def test_status_and_metrics_are_broken_down_by_tenant(
             ops,
         ),
     ):
-        held = await a.submit("gate", {"block": ["run"]})
+        held = await a.submit("blocking", {"block": ["run"]})
         await b.submit_batch([{"task": "sleep"}] * 2)
-        await gate.event(held, "run").wait()
+        await blocking.event(held, "run").wait()
         await eventually(lambda: srv.service.tenants.ended.get("b", Counter())["done"] == 2)
         await eventually(lambda: srv.service.store.log.last("b") == 2)  # committed
         mine = await a.status()
@@ -166,27 +166,27 @@ async def test_status_and_metrics_are_broken_down_by_tenant(
         assert 'prorl_tenant_active_jobs{stage="run",tenant="a"} 1.0' in text
         assert 'prorl_tenant_jobs_total{status="done",tenant="b"} 2.0' in text
         assert 'prorl_tenant_inflight{tenant="a"} 1.0' in text
-        gate.release(held)
+        blocking.release(held)
 
 
 async def test_over_max_inflight_is_429_and_creates_nothing(
-    make_server: ServerFactory, gate: GateHandler
+    make_server: ServerFactory, blocking: BlockingHandler
 ) -> None:
     async with make_server(tenants=TENANTS) as srv, _clients(srv.url, "b", "a") as (b, a):
-        held = [await b.submit("gate", {"block": ["init"]}) for _ in range(3)]
+        held = [await b.submit("blocking", {"block": ["init"]}) for _ in range(3)]
         rows = len(srv.service.store)
         with pytest.raises(TooManyRequestsError, match="max_inflight=3") as info:
-            await b.submit("gate", {}, job_id="fourth")
+            await b.submit("blocking", {}, job_id="fourth")
         assert info.value.retry_after == 1
         with pytest.raises(TooManyRequestsError):
-            await b.submit_batch([{"task": "gate"}])
+            await b.submit_batch([{"task": "blocking"}])
         assert len(srv.service.store) == rows and srv.service.store.status("fourth") is None
         await a.submit_batch([{"task": "sleep"}] * 5)  # another tenant is not held back
-        gate.release(held[0])
+        blocking.release(held[0])
         await eventually(lambda: srv.service.tenants.inflight["b"] == 2)
-        await b.submit("gate", {}, job_id="fourth")
+        await b.submit("blocking", {}, job_id="fourth")
         for job in held[1:]:
-            gate.release(job)
+            blocking.release(job)
 
 
 async def test_without_tokens_everyone_is_the_admin_tenant_default(

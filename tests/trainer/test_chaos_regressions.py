@@ -14,7 +14,7 @@ from aiohttp import web
 from prorl_async.client import RolloutClient, ServiceUnavailableError
 from prorl_async.scripted_llm import ScriptedLLM
 from prorl_async.trainer import RolloutManager, RolloutStalled, poller
-from prorl_async.trainer.engine import Engine, Settings
+from prorl_async.trainer.dispatch import Dispatcher, Settings
 from prorl_async.trainer.registry import GroupState
 from prorl_async.trainer.retry import Backoff, classify_result
 from prorl_async.trainer.servers import QUARANTINE_AFTER, ServerPool, ServerState
@@ -64,10 +64,10 @@ async def test_a_dead_engine_in_the_weights_keeps_a_recovering_server_out(
             await m.set_weights(version=0, backends=[r.llm.address, spare.address])
             await m.next_batch()
             await spare.kill()
-            assert m._engine is not None
-            server = m._engine.pool.servers[r.urls[0]]
+            assert m._dispatcher is not None
+            server = m._dispatcher.pool.servers[r.urls[0]]
             for _ in range(QUARANTINE_AFTER):  # as when it went away for a while
-                m._engine.server_failed(server, ConnectionError("gone"))
+                m._dispatcher.server_failed(server, ConnectionError("gone"))
             assert server.quarantined
             await eventually(lambda: "refused the weights" in caplog.text)
             assert server.quarantined
@@ -114,8 +114,8 @@ async def test_a_result_read_while_its_submission_waits_to_be_resent_is_kept(
             max_inflight_groups=2, group_filter=None, stall_timeout_s=15.0, progress=False,
         ) as m:  # fmt: skip
             await m.set_weights(version=0, backends=[r.llm.address])
-            assert m._engine is not None
-            m._engine.backoff = Backoff(base_s=2.0)  # resent well after p2's result
+            assert m._dispatcher is not None
+            m._dispatcher.backoff = Backoff(base_s=2.0)  # resent well after p2's result
             batch = await asyncio.wait_for(m.next_batch(), 30)
             assert sorted(g.prompt_uid for g in batch) == ["p0", "p1", "p2"]
             metrics = m.metrics()
@@ -126,7 +126,7 @@ async def test_a_result_read_while_its_submission_waits_to_be_resent_is_kept(
 async def test_a_server_that_missed_a_weight_swap_is_out_until_it_has_it(tmp_path: Path) -> None:
     # The answer to the second /clear_llm_server is lost: the server dropped its engines,
     # and the manager cannot know whether the swap went through. It used to keep the
-    # server in rotation with no engine, its new samples waiting for one forever (a
+    # server in rotation with no dispatcher, its new samples waiting for one forever (a
     # stall). Now it is quarantined and given the current weights before it serves.
     prompts = [planted("random", seed=i, run_s=0.01) for i in range(400)]
     async with (
@@ -150,7 +150,7 @@ async def test_a_server_that_missed_a_weight_swap_is_out_until_it_has_it(tmp_pat
 
 async def test_a_server_restarted_while_idle_is_given_the_weights_again(tmp_path: Path) -> None:
     # With on_batch_full="cancel" the server idles between batches. It is restarted then
-    # (same state dir): it comes back with no LLM engine, and the manager, which sent it
+    # (same state dir): it comes back with no LLM dispatcher, and the manager, which sent it
     # nothing meanwhile, never saw it go. Its new samples used to wait for an engine
     # forever (a stall); now the manager finds it has none and gives it the weights.
     prompts = [planted("random", seed=i, run_s=0.01) for i in range(400)]
@@ -228,17 +228,17 @@ async def test_a_dropped_group_orphans_its_sample_waiting_to_be_resent() -> None
         group_size=2, batch_groups=1, max_inflight_groups=1,
         group_filter=lambda group: True, max_infra_retries=0,
     )  # fmt: skip
-    engine = Engine(settings, iter([]), ServerPool([server]), Staleness(None, 1), "r")
-    engine.reg.add_group(GroupState("p0", {"task": "t", "instance": {}}, 2))
-    first, second = engine.reg.pending
+    dispatcher = Dispatcher(settings, iter([]), ServerPool([server]), Staleness(None, 1), "r")
+    dispatcher.reg.add_group(GroupState("p0", {"task": "t", "instance": {}}, 2))
+    first, second = dispatcher.reg.pending
     server.add(first)
     server.add(second)
-    engine._submit_failed(server, [first], ConnectionError("answer lost"), "connection")
+    dispatcher._submit_failed(server, [first], ConnectionError("answer lost"), "connection")
     assert first.pin == server.url and first.job_id not in server.inflight
     second.submitted_at = 1.0
     infra = {"job_id": second.job_id, "status": "failed", "error": {"stage": "init"}}
-    engine.on_done(server, infra)
-    assert engine.metrics.failed_by == {"failed": 1}
+    dispatcher.on_done(server, infra)
+    assert dispatcher.metrics.failed_by == {"failed": 1}
     assert server.orphans == {first.job_id}
 
 
@@ -251,18 +251,20 @@ async def test_a_sample_resent_after_a_lost_answer_and_refused_is_orphaned() -> 
         group_size=1, batch_groups=1, max_inflight_groups=1,
         group_filter=lambda group: True, max_infra_retries=3,
     )  # fmt: skip
-    engine = Engine(settings, iter([]), ServerPool([server, other]), Staleness(None, 1), "r")
-    engine.reg.add_group(GroupState("p0", {"task": "t", "instance": {}}, 1))
-    (sample,) = engine.reg.pending
+    dispatcher = Dispatcher(
+        settings, iter([]), ServerPool([server, other]), Staleness(None, 1), "r"
+    )
+    dispatcher.reg.add_group(GroupState("p0", {"task": "t", "instance": {}}, 1))
+    (sample,) = dispatcher.reg.pending
     server.add(sample)
-    engine._submit_failed(server, [sample], ConnectionError("answer lost"), "connection")
+    dispatcher._submit_failed(server, [sample], ConnectionError("answer lost"), "connection")
     server.add(sample)  # sent again
     refused = ServiceUnavailableError(503, "busy", retry_after=0.0)
-    engine._submit_failed(server, [sample], refused, "http_503")
+    dispatcher._submit_failed(server, [sample], refused, "http_503")
     assert server.orphans == {"r-p0-0-0"}
-    assert [s.job_id for s in engine.reg.pending if engine.reg.by_job.get(s.job_id) is s] == [
-        "r-p0-0-1"
-    ]
+    assert [
+        s.job_id for s in dispatcher.reg.pending if dispatcher.reg.by_job.get(s.job_id) is s
+    ] == ["r-p0-0-1"]
 
 
 class _Unreachable:

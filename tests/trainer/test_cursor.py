@@ -53,8 +53,8 @@ async def test_a_job_the_server_forgot_is_found_by_a_sweep_and_run_again(
             servers=[srv.url], prompts=_sleeps(1, 0.3), group_size=2, batch_groups=1,
             group_filter=None, max_version_lag=None, progress=False,
         ) as m:  # fmt: skip
-            assert m._engine is not None
-            server = m._engine.pool.servers[srv.url]
+            assert m._dispatcher is not None
+            server = m._dispatcher.pool.servers[srv.url]
             await eventually(lambda: len(server.submitted()) > 0)
             forgotten = server.submitted()[0]
             await srv.client.delete(forgotten)  # cancelled and forgotten: no result ever

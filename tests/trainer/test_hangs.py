@@ -28,9 +28,9 @@ async def test_a_dead_server_never_blocks_the_event_loop(tmp_path: Path) -> None
         group_filter=None, max_version_lag=None, progress=False,
     ) as m:  # fmt: skip
         await m.set_weights(version=0, backends=[r.llm.address])
-        assert m._engine is not None
+        assert m._dispatcher is not None
         # pinned samples wait longer than the poller takes to quarantine the dead server
-        m._engine.backoff = Backoff(base_s=0.5)
+        m._dispatcher.backoff = Backoff(base_s=0.5)
         await m.next_batch()
         # the server the feed loop picks next (fewest in flight, room on both) dies before
         # the loop runs again: no await between the batch and its death

@@ -77,15 +77,15 @@ async def test_lag_zero_never_returns_an_old_group(tmp_path: Path) -> None:
         progress=False,
     ) as m:  # fmt: skip
         await m.set_weights(version=0, backends=[r.llm.address])
-        engine = m._engine
-        assert engine is not None
+        dispatcher = m._dispatcher
+        assert dispatcher is not None
         for version in range(1, 4):
             pending = asyncio.ensure_future(m.next_batch())
             # bump while some group has a finished sample and an unfinished one
             await eventually(
                 lambda: any(
                     any(x is not None for x in g.results) and not g.complete
-                    for g in engine.reg.groups.values()
+                    for g in dispatcher.reg.groups.values()
                 )
             )
             await m.set_weights(version=version, backends=[r.llm.address])
@@ -129,8 +129,8 @@ async def test_server_killed_mid_batch(tmp_path: Path) -> None:
         await m.set_weights(version=0, backends=[r.llm.address])
         pending = asyncio.ensure_future(m.next_batch())
         victim = r.urls[0]
-        assert m._engine is not None
-        server = m._engine.pool.servers[victim]
+        assert m._dispatcher is not None
+        server = m._dispatcher.pool.servers[victim]
         await eventually(lambda: len(server.submitted()) > 0)
         r.procs[0].kill()
         seen: set[tuple[str, int]] = set()

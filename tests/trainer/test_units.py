@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from prorl_async.trainer import Group, RolloutManager, load_cluster, nonzero_std
-from prorl_async.trainer.engine import Engine, Settings
+from prorl_async.trainer.dispatch import Dispatcher, Settings
 from prorl_async.trainer.loop import LoopLag, Waker
 from prorl_async.trainer.registry import GroupState
 from prorl_async.trainer.servers import ServerPool, ServerState
@@ -124,17 +124,17 @@ async def test_a_pass_moves_samples_off_a_dead_server_once_and_never_wakes_itsel
         group_size=2, batch_groups=1, max_inflight_groups=1, group_filter=nonzero_std,
         max_infra_retries=3,
     )  # fmt: skip
-    engine = Engine(settings, iter([]), ServerPool([dead, full]), Staleness(None, 1), "r")
-    engine.reg.add_group(GroupState("p0", {"task": "t", "instance": {}}, 2))
-    for sample in engine.reg.pending:  # their submission's answer was lost, then a went down
+    dispatcher = Dispatcher(settings, iter([]), ServerPool([dead, full]), Staleness(None, 1), "r")
+    dispatcher.reg.add_group(GroupState("p0", {"task": "t", "instance": {}}, 2))
+    for sample in dispatcher.reg.pending:  # their submission's answer was lost, then a went down
         sample.pin = dead.url
     for _ in range(3):  # no server has room: every pass leaves the samples waiting
-        await engine.dispatch()
-        assert not engine.wake.is_set()
-        assert sorted(s.job_id for s in engine.reg.pending) == ["r-p0-0-1", "r-p0-1-1"]
-        assert all(s.pin is None and s.avoid == dead.url for s in engine.reg.pending)
+        await dispatcher.dispatch()
+        assert not dispatcher.wake.is_set()
+        assert sorted(s.job_id for s in dispatcher.reg.pending) == ["r-p0-0-1", "r-p0-1-1"]
+        assert all(s.pin is None and s.avoid == dead.url for s in dispatcher.reg.pending)
     assert dead.orphans == {"r-p0-0-0", "r-p0-1-0"}
-    assert engine.metrics.retries == {"quarantine": 2}
+    assert dispatcher.metrics.retries == {"quarantine": 2}
 
 
 async def test_waker_yields_when_already_woken_and_keeps_one_timer() -> None:

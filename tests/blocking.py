@@ -11,18 +11,18 @@ from prorl_async.core.handler import AgentHandler
 from prorl_async.core.job import Job
 
 
-class GateHandler(AgentHandler):
-    """Task ``gate``: instance ``{"block": ["init"|"run"|"eval", ...], "fail": stage|None}``.
+class BlockingHandler(AgentHandler):
+    """Task ``blocking``: instance ``{"block": ["init"|"run"|"eval", ...], "fail": stage|None}``.
 
     Entering a stage sets ``entered[(job_id, stage)]``; a blocked stage waits for
     ``release(job_id)``. INIT acquires a resource whose release is recorded.
     """
 
-    name = "gate"
+    name = "blocking"
 
     def __init__(self) -> None:
         self.entered: dict[tuple[str, str], asyncio.Event] = {}
-        self.gates: dict[str, asyncio.Event] = {}
+        self.blocks: dict[str, asyncio.Event] = {}
         self.held: set[str] = set()
         self.released: list[str] = []
         self.calls: list[tuple[str, str]] = []
@@ -31,7 +31,7 @@ class GateHandler(AgentHandler):
         return self.entered.setdefault((job_id, stage), asyncio.Event())
 
     def release(self, job_id: str) -> None:
-        self.gates.setdefault(job_id, asyncio.Event()).set()
+        self.blocks.setdefault(job_id, asyncio.Event()).set()
 
     @asynccontextmanager
     async def _resource(self, job_id: str) -> AsyncIterator[None]:
@@ -48,9 +48,9 @@ class GateHandler(AgentHandler):
         self.event(job.id, stage).set()
         inst: dict[str, Any] = job.instance
         if stage in inst.get("block", []):
-            await self.gates.setdefault(job.id, asyncio.Event()).wait()
+            await self.blocks.setdefault(job.id, asyncio.Event()).wait()
         if inst.get("fail") == stage:
-            raise ValueError(f"gate asked to fail in {stage}")
+            raise ValueError(f"blocking asked to fail in {stage}")
 
     async def init(self, job: Job) -> None:
         await job.hold(self._resource(job.id))
@@ -73,4 +73,4 @@ class GateHandler(AgentHandler):
         self.calls.append((job.id, "eval_exception"))
 
     def final_result(self, job: Job) -> dict[str, Any]:
-        return {"gate_final": True}
+        return {"blocking_final": True}

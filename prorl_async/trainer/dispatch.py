@@ -1,4 +1,4 @@
-"""The manager's engine: admission, dispatch to servers, and what each result means.
+"""The manager's dispatcher: admission, dispatch to servers, and what each result means.
 
 Everything here runs on one event loop and mutates state only between awaits, so the
 registry, the servers' in-flight maps and the ready queue always agree.
@@ -24,12 +24,12 @@ from prorl_async.trainer.retry import Backoff, classify_result, transport_class
 from prorl_async.trainer.servers import ServerPool, ServerState
 from prorl_async.trainer.staleness import Staleness
 
-__all__ = ["Engine", "Settings", "result_cost"]
+__all__ = ["Dispatcher", "Settings", "result_cost"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:
-    """The knobs the engine needs (validated by the manager)."""
+    """The knobs the dispatcher needs (validated by the manager)."""
 
     group_size: int
     batch_groups: int
@@ -39,7 +39,7 @@ class Settings:
     carry: bool = True
 
 
-class Engine:
+class Dispatcher:
     """State of one manager and the reactions to every event."""
 
     def __init__(

@@ -1,4 +1,4 @@
-"""The completion log (``core.completions``) built directly: ``commit_many`` (a
+"""The result log (``core.resultlog``) built directly: ``commit_many`` (a
 transaction's results at once, as the durable store commits them) against ``commit``
 one entry at a time, in and out of seq order, across tenants."""
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from prorl_async.core.completions import Completion, CompletionLog
+from prorl_async.core.resultlog import LogEntry, ResultLog
 
 Entry = tuple[str, int, str, str, float | None]
 STATUSES = ("done", "failed", "cancelled", "timed_out")
@@ -29,7 +29,7 @@ def entries(n: int, tenants: tuple[str, ...], seed: int) -> list[Entry]:
     ]
 
 
-def everything(log: CompletionLog, tenants: tuple[str, ...]) -> dict[str, list[Completion]]:
+def everything(log: ResultLog, tenants: tuple[str, ...]) -> dict[str, list[LogEntry]]:
     return {t: log.after(t, 0, 10_000) for t in tenants}
 
 
@@ -39,7 +39,7 @@ def test_commit_many_leaves_the_log_commit_would(seed: int) -> None:
     todo = entries(300, tenants, seed)
     shuffled = todo[:]
     random.Random(seed).shuffle(shuffled)  # out of seq order: kept in order anyway
-    one, many = CompletionLog(), CompletionLog()
+    one, many = ResultLog(), ResultLog()
     for entry in shuffled:
         one.commit(*entry)
     for at in range(0, len(shuffled), 64):  # in chunks, as transactions commit them
@@ -49,21 +49,21 @@ def test_commit_many_leaves_the_log_commit_would(seed: int) -> None:
     for tenant in tenants:
         got = many.after(tenant, 0, 10_000)
         assert [c.seq for c in got] == sorted(c.seq for c in got)
-        want = [Completion(s, j, st, r) for t, s, j, st, r in todo if t == tenant]
+        want = [LogEntry(s, j, st, r) for t, s, j, st, r in todo if t == tenant]
         assert got == want
         assert many.last(tenant) == want[-1].seq
 
 
 def test_commit_many_of_nothing_changes_nothing() -> None:
-    log = CompletionLog()
+    log = ResultLog()
     log.commit("a", 3, "job-3", "done", 1.0)
     log.commit_many([])
     assert log.committed == 3
-    assert log.after("a", 0, 10) == [Completion(3, "job-3", "done", 1.0)]
+    assert log.after("a", 0, 10) == [LogEntry(3, "job-3", "done", 1.0)]
 
 
 async def test_commit_many_wakes_the_readers_of_its_tenants_only() -> None:
-    log = CompletionLog()
+    log = ResultLog()
     log.commit("b", 1, "job-1", "done", None)
     reader_a = asyncio.create_task(log.wait("a", 0, timeout=30))
     reader_b = asyncio.create_task(log.wait("b", 1, timeout=30))  # waits for seq > 1

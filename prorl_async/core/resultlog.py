@@ -1,4 +1,4 @@
-"""The completion log: every terminal job by ``seq``, in order, per tenant (API.md "Results").
+"""The result log: every terminal job by ``seq``, in order, per tenant (API.md "Results").
 
 A job's ``seq`` is assigned when it ends (``assign``, strictly increasing) and the job
 enters the log only once its result is durable: the SQLite store calls ``commit`` when
@@ -19,13 +19,13 @@ from array import array
 from bisect import bisect_right
 from typing import NamedTuple
 
-__all__ = ["Completion", "CompletionLog"]
+__all__ = ["LogEntry", "ResultLog"]
 
 _STATUSES = ("done", "failed", "cancelled", "timed_out")
 _CODE = {s: i for i, s in enumerate(_STATUSES)}
 
 
-class Completion(NamedTuple):
+class LogEntry(NamedTuple):
     """One log entry: what ``/events`` sends for a terminal job."""
 
     seq: int
@@ -67,13 +67,11 @@ class _Log:
     def has_after(self, cursor: int) -> bool:
         return len(self.seqs) > self.start and self.seqs[-1] > cursor
 
-    def after(self, cursor: int, limit: int) -> list[Completion]:
+    def after(self, cursor: int, limit: int) -> list[LogEntry]:
         i = bisect_right(self.seqs, cursor, self.start)
         end = min(i + limit, len(self.seqs))
         return [
-            Completion(
-                self.seqs[k], self.ids[k], _STATUSES[self.codes[k]], _reward(self.rewards[k])
-            )
+            LogEntry(self.seqs[k], self.ids[k], _STATUSES[self.codes[k]], _reward(self.rewards[k]))
             for k in range(i, end)
         ]
 
@@ -93,7 +91,7 @@ def _reward(value: float) -> float | None:
     return None if math.isnan(value) else value
 
 
-class CompletionLog:
+class ResultLog:
     """Seq assignment, the committed entries of every tenant, and waiting for new ones."""
 
     def __init__(self) -> None:
@@ -173,7 +171,7 @@ class CompletionLog:
 
     # -- readers ---------------------------------------------------------------------------
 
-    def after(self, tenant: str, cursor: int, limit: int) -> list[Completion]:
+    def after(self, tenant: str, cursor: int, limit: int) -> list[LogEntry]:
         """Up to ``limit`` entries of ``tenant`` with seq > ``cursor``, in seq order."""
         log = self._logs.get(tenant)
         return [] if log is None else log.after(cursor, limit)

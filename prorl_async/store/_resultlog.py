@@ -1,4 +1,4 @@
-"""The completion log and tenants in the job database: schema additions, and loading.
+"""The result log and tenants in the job database: schema additions, and loading.
 
 ``jobs`` gains ``tenant``, ``seq`` and ``reward`` (added to an older database in
 place); ``meta`` keeps the last seq handed out and committed (so numbering never goes
@@ -12,7 +12,7 @@ import sqlite3
 import sys
 import uuid
 
-from prorl_async.core.completions import CompletionLog
+from prorl_async.core.resultlog import ResultLog
 
 __all__ = ["FLOOR", "LAST_SEQ", "expire_at_open", "load_log", "migrate"]
 
@@ -63,7 +63,7 @@ def expire_at_open(conn: sqlite3.Connection, now: float) -> None:
     )
 
 
-def load_log(conn: sqlite3.Connection, log: CompletionLog) -> None:
+def load_log(conn: sqlite3.Connection, log: ResultLog) -> None:
     """Fill ``log`` from the file: its numbering, floors and every committed entry."""
     meta = dict(conn.execute("SELECT key, value FROM meta"))
     epoch = meta.get("epoch")

@@ -1,4 +1,4 @@
-"""App-wide services a handler may use through ``job.services``, and setting them up:
+"""The server-wide parts a handler may use through ``job.shared``, and setting them up:
 tokenizer, LLM backend pool, sandbox runtime (with its budget and warm sandboxes)."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from prorl_async.llm.pool import BackendPool
 from prorl_async.llm.tokenizer import ChatTokenizer, load_tokenizer
 from prorl_async.sandbox import Runtime, SandboxRecords, SandboxSpec, WarmPool, get_runtime
 
-__all__ = ["Services", "open_services"]
+__all__ = ["Shared", "open_shared"]
 
 log = logging.getLogger(__name__)
 
 
-class Services:
-    """Shared resources set up once per server (see ``open_services``).
+class Shared:
+    """Shared resources set up once per server (see ``open_shared``).
 
     ``pool`` is the LLM backend pool, ``runtime`` the sandbox runtime and
     ``tokenizer`` the chat tokenizer; each is ``None`` until the server sets it up.
@@ -38,10 +38,10 @@ class Services:
 
 
 @asynccontextmanager
-async def open_services(services: Services) -> AsyncIterator[Services]:
-    """Open the services in order, close them in reverse (after every job is released)."""
-    config = services.config
-    services.tokenizer = load_tokenizer(config.tokenizer)
+async def open_shared(shared: Shared) -> AsyncIterator[Shared]:
+    """Open the shared parts in order, close them in reverse (after every job is released)."""
+    config = shared.config
+    shared.tokenizer = load_tokenizer(config.tokenizer)
     runtime_config = msgspec.structs.replace(
         config.sandbox, state_dir=config.state_dir, image=config.sandbox.image or config.image
     )
@@ -50,14 +50,14 @@ async def open_services(services: Services) -> AsyncIterator[Services]:
     if reaped:
         log.warning("reaped %d sandboxes left by a previous run", len(reaped))
     async with AsyncExitStack() as stack:
-        services.pool = await stack.enter_async_context(BackendPool(config.pool))
-        services.pool.observer = services.metrics
+        shared.pool = await stack.enter_async_context(BackendPool(config.pool))
+        shared.pool.observer = shared.metrics
         runtime = get_runtime(config.runtime, runtime_config)
         stack.push_async_callback(runtime.aclose)
         limits = config.sandbox_limits
         runtime.budget.resize(config.max_sandboxes or default_max_sandboxes(limits))
         log.info("sandbox budget: %d live sandboxes at most", runtime.budget.capacity)
-        services.runtime = runtime
+        shared.runtime = runtime
         log.info("sandbox limits enforced: %s", runtime.enforcement())
         if config.warm_sandboxes > 0:
             # The spec math/code/swe INIT asks for: it does not depend on the instance.
@@ -65,7 +65,7 @@ async def open_services(services: Services) -> AsyncIterator[Services]:
             await stack.enter_async_context(warm)
             warm.start()
         try:
-            yield services
+            yield shared
         finally:
-            services.pool = None
-            services.runtime = None
+            shared.pool = None
+            shared.runtime = None

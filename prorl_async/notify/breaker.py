@@ -2,9 +2,9 @@
 
 Each delivery retrying on its own schedule would send a dead receiver one attempt per
 pending delivery per backoff step: thousands a minute, each an HTTP attempt and an
-outbox write. Instead a host's first failure closes its gate: its other deliveries
+outbox write. Instead a host's first failure opens its breaker: its other deliveries
 wait (re-timed in the outbox in one statement), and one delivery at a time probes it
-with exponential backoff; the first success opens the gate and the held deliveries
+with exponential backoff; the first success closes the breaker and the held deliveries
 all become due. A failure counts once per round, so the attempts already in flight
 when a host goes down do not run its backoff up.
 """
@@ -14,15 +14,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
-__all__ = ["HostGate", "host_of"]
+__all__ = ["CircuitBreaker", "host_of"]
 
 
 def host_of(url: str) -> str:
-    """A callback target's host and port, as its gate and outbox rows know it."""
+    """A callback target's host and port, as its breaker and outbox rows know it."""
     return urlsplit(url).netloc.lower()
 
 
-class HostGate:
+class CircuitBreaker:
     """One receiver's state: consecutive failed rounds, when it may be probed again."""
 
     def __init__(self, host: str) -> None:
@@ -52,7 +52,7 @@ class HostGate:
         return self.round, probe
 
     def answered(self) -> bool:
-        """The host answered (a 2xx, or a final refusal): the gate opens. Returns whether
+        """The host answered (a 2xx, or a final refusal): the breaker closes. Returns whether
         it had been failing (its held deliveries are due now)."""
         was_failing = self.failures > 0
         self.failures, self.open_at, self.probing = 0, 0.0, False
@@ -62,7 +62,7 @@ class HostGate:
     def failed(
         self, round_: int, probe: bool, error: str, now: float, backoff: Callable[[int], float]
     ) -> None:
-        """An attempt of ``round_`` failed: the first of its round closes the gate longer."""
+        """An attempt of ``round_`` failed: the first of its round keeps the breaker open longer."""
         self.last_error = error
         if probe:
             self.probing = False
