@@ -15,7 +15,7 @@ import pytest
 
 from prorl_async.llm.pool import BackendPool, PoolConfig, RegistrationError
 from prorl_async.scripted_llm import ScriptedLLM
-from tests.backends.conftest import FAST, StartLLM
+from tests.llm.pool.conftest import FAST, StartLLM
 from tests.serverutil import ServerFactory
 
 PROMPT = [1, 2, 3, 4]

@@ -25,7 +25,7 @@ from prorl_async.llm.engines import (
 )
 from prorl_async.llm.pool import BackendError, BackendPool, PoolConfig
 from prorl_async.scripted_llm import ScriptedLLM
-from tests.backends.conftest import StartLLM
+from tests.llm.pool.conftest import StartLLM
 
 CHAT = "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
 

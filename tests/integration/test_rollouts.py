@@ -10,7 +10,7 @@ from tokenizers import Tokenizer
 from prorl_async.llm.tokenizer import ChatTokenizer
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
-from tests.rollout.fakes import CUT_REPLY, FINISH_REPLY, MultibytePolicy, ToolUseHandler
+from tests.integration.fakes import CUT_REPLY, FINISH_REPLY, MultibytePolicy, ToolUseHandler
 from tests.serverutil import Server, ServerFactory, eventually
 
 

@@ -10,7 +10,7 @@ import pytest
 from prorl_async.llm.pool import BackendError, BackendPool, Lease, PoolConfig
 from prorl_async.scripted_llm import LatencyModel
 from prorl_async.util.timer import PausableTimer
-from tests.backends.conftest import FAST, StartLLM
+from tests.llm.pool.conftest import FAST, StartLLM
 
 PROMPT = [1, 2, 3, 4]
 

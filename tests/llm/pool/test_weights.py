@@ -14,7 +14,7 @@ from prorl_async.llm.weights import WeightsError
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
 from prorl_async.util.timer import PausableTimer
-from tests.backends.conftest import StartLLM
+from tests.llm.pool.conftest import StartLLM
 from tests.serverutil import ServerFactory, eventually
 
 PROMPT = [1, 2, 3, 4]

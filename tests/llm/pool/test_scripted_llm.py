@@ -18,7 +18,7 @@ from prorl_async.scripted_llm import (
     make_policy,
     synthetic_logprob,
 )
-from tests.backends.conftest import StartLLM
+from tests.llm.pool.conftest import StartLLM
 
 USER = "<|im_start|>user\nPlease list the files.<|im_end|>\n"
 GEN = "<|im_start|>assistant\n"
