@@ -59,7 +59,7 @@ class GreetingHandler(AgentHandler):
         output = None
         if script is not None:
             spec = SandboxSpec(files={"hello.sh": script}, limits=job.shared.config.sandbox_limits)
-            async with await job.shared.runtime.start(spec) as sandbox:
+            async with await job.shared.runtime.start(spec, job.scope) as sandbox:
                 output = (await sandbox.exec("bash hello.sh", timeout=10)).stdout.strip()
         job.reward = 1.0 if output == expected else 0.0
         job.eval = {"expected": expected, "output": output}

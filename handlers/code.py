@@ -43,6 +43,7 @@ from prorl_async.grading.code import (
     outputs_match,
 )
 from prorl_async.sandbox import Runtime, Sandbox, SandboxLimits, SandboxSpec
+from prorl_async.stages import StageScope
 
 __all__ = [
     "CodeHandler",
@@ -253,12 +254,14 @@ async def evaluate(
     solution: str | None,
     *,
     limits: SandboxLimits | None = None,
+    scope: StageScope | None = None,
 ) -> dict[str, Any]:
-    """Run the hidden tests against ``solution`` in a fresh sandbox of ``runtime``."""
+    """Run the hidden tests against ``solution`` in a fresh sandbox of ``runtime``
+    (``scope``: the job's stage it is for, ``job.scope``)."""
     if solution is None or not solution.strip():
         return _no_solution(instance)  # nothing to run: no sandbox needed
     spec = SandboxSpec(limits=limits if limits is not None else SandboxLimits())
-    async with await runtime.start(spec) as sandbox:
+    async with await runtime.start(spec, scope) as sandbox:
         return await evaluate_in(sandbox, instance, solution)
 
 
@@ -316,6 +319,7 @@ class CodeHandler(AgentHandler):
             job.instance,
             job.state.get("solution"),
             limits=job.shared.config.sandbox_limits,
+            scope=job.scope,
         )
         result["solution_source"] = job.state.get("solution_source", "none")
         job.eval = result

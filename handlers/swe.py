@@ -330,7 +330,7 @@ class SweHandler(AgentHandler):
         if "patch_error" in job.state:
             job.eval = _not_run(task, "", job.state["patch_error"])
         else:
-            async with await runtime.start(self._spec(job)) as sandbox:
+            async with await runtime.start(self._spec(job), job.scope) as sandbox:
                 job.eval = await self.evaluate(sandbox, task, job.state.get("patch", ""))
         job.reward = float(job.eval["reward"])
 

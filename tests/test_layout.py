@@ -23,6 +23,7 @@ LAYERS = [
     "grading",
     "toolserver",
     "client",
+    "stages",
     "capacity",
     "sandbox",
     "llm",
@@ -220,6 +221,128 @@ def test_architecture_doc_names_files_that_exist() -> None:
     rooms = [r for r in LAYERS if r]
     order = [text.find(f"`{r}`") for r in rooms]
     assert all(i >= 0 for i in order), [r for r, i in zip(rooms, order, strict=True) if i < 0]
+
+
+# The HTTP side reaches the service's parts only through the service's own operations.
+FACADE_PRIVATE = {"store", "services", "shared", "pipeline"}
+
+
+def attribute_uses(directory: Path, names: set[str]) -> list[str]:
+    """``path:line .name`` for every attribute access to one of ``names`` under ``directory``."""
+    found = []
+    for path in sorted(directory.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in names:
+                found.append(f"{path.relative_to(directory)}:{node.lineno} .{node.attr}")
+    return found
+
+
+def test_attribute_finder_finds_a_reach_past_the_facade(tmp_path: Path) -> None:
+    (tmp_path / "r.py").write_text("def f(svc):\n    return svc.store.get(1), svc.status()\n")
+    found = attribute_uses(tmp_path, FACADE_PRIVATE)
+    assert [f.rsplit(" ", 1)[1] for f in found] == [".store"]
+
+
+def test_the_api_goes_through_the_service_facade() -> None:
+    assert attribute_uses(PACKAGE / "api", FACADE_PRIVATE) == []
+
+
+# What admits, runs, times and counts a stage: one room holds it all.
+STAGE_MACHINERY = [
+    "StageQueue",
+    "FairQueue",
+    "WorkerPool",
+    "JitAdmission",
+    "StageRun",
+    "StageScope",
+    "StageStats",
+]
+
+
+def _defined_classes(package_dir: Path = PACKAGE) -> dict[str, str]:
+    """Class name -> the module that defines it, over the whole package."""
+    out: dict[str, str] = {}
+    for path in package_dir.rglob("*.py"):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            if isinstance(node, ast.ClassDef):
+                out[node.name] = module_name(path, package_dir)
+    return out
+
+
+def test_the_stage_machinery_lives_in_one_room() -> None:
+    defined = _defined_classes()
+    rooms = {name: room(defined[name]) for name in STAGE_MACHINERY if name in defined}
+    assert rooms == dict.fromkeys(STAGE_MACHINERY, "stages")
+
+
+def module_context_vars(package_dir: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the names it binds at module level to a ``ContextVar(...)``."""
+    out: dict[str, set[str]] = {}
+    for path in package_dir.rglob("*.py"):
+        for node in ast.parse(path.read_text(), str(path)).body:
+            value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+            if not isinstance(value, ast.Call):
+                continue
+            func = value.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if called != "ContextVar":
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names = {t.id for t in targets if isinstance(t, ast.Name)}
+            out.setdefault(module_name(path, package_dir), set()).update(names)
+    return out
+
+
+def shared_context_vars(package_dir: Path = PACKAGE) -> list[str]:
+    """Module-level context variables imported by a module of another room: state passed
+    between rooms behind the callers' backs instead of as an argument."""
+    defined = module_context_vars(package_dir)
+    files = {module_name(p, package_dir): p for p in package_dir.rglob("*.py")}
+    bad = []
+    for module, path in sorted(files.items()):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            for target in _targets(node, module, path.name == "__init__.py", files):
+                names = {a.name for a in node.names} & defined.get(target, set())
+                if names and room(target) != room(module):
+                    bad.append(f"{module} imports {sorted(names)} from {target}")
+    return bad
+
+
+def test_context_var_finder_finds_one_shared_between_rooms(tmp_path: Path) -> None:
+    pkg = tmp_path / "pkg"
+    (pkg / "a").mkdir(parents=True)
+    (pkg / "b").mkdir()
+    for d in (pkg, pkg / "a", pkg / "b"):
+        (d / "__init__.py").write_text("")
+    (pkg / "a" / "v.py").write_text("import contextvars\nCUR = contextvars.ContextVar('c')\n")
+    (pkg / "a" / "same.py").write_text("from pkg.a.v import CUR\n")
+    (pkg / "b" / "w.py").write_text("def f():\n    from pkg.a.v import CUR\n")
+    assert shared_context_vars(pkg) == ["pkg.b.w imports ['CUR'] from pkg.a.v"]
+
+
+def test_no_module_level_context_variable_is_shared_between_rooms() -> None:
+    assert shared_context_vars() == []
+
+
+def room_edges(graph: Graph) -> set[tuple[str, str]]:
+    """(room, room it imports) for every import between two rooms (the root left out)."""
+    return {
+        (room(m), room(t))
+        for m, targets in graph.items()
+        for t in targets
+        if room(m) and room(t) and room(m) != room(t)
+    }
+
+
+def test_the_architecture_doc_draws_the_rooms_as_the_imports_do() -> None:
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    block = re.search(r"```mermaid\ngraph TD\n(.*?)```", text, flags=re.DOTALL)
+    assert block is not None, "docs/ARCHITECTURE.md lost its mermaid graph of the rooms"
+    drawn = set(re.findall(r"^\s*(\w+) --> (\w+)\s*$", block.group(1), flags=re.MULTILINE))
+    real = room_edges(import_graph())
+    assert {"missing": real - drawn, "gone": drawn - real} == {"missing": set(), "gone": set()}
 
 
 @pytest.mark.parametrize(

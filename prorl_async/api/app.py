@@ -51,16 +51,8 @@ def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> 
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
-    from prorl_async.core.shared import open_shared  # optional parts: pool, runtime, tokenizer
-
-    service = app[SERVICE]
-    service.open()  # the state dir lock first: nothing below may touch another server's state
-    async with open_shared(service.shared):
-        service.start()
-        try:
-            yield
-        finally:
-            await service.aclose()
+    async with app[SERVICE].running():
+        yield
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -11,25 +11,15 @@ from aiohttp import web
 
 from prorl_async.api.access import viewer
 from prorl_async.api.openapi import openapi_document
-from prorl_async.core.errors import (
-    BadRequest,
-    NotFound,
-    PayloadTooLarge,
-    RequestTimeout,
-    Unavailable,
-    Unprocessable,
-)
+from prorl_async.core.errors import BadRequest, NotFound, RequestTimeout
 from prorl_async.schemas import (
     AddLLMServerRequest,
     BatchRequest,
     BatchResponse,
     CancelRequest,
-    JobStatusResponse,
     PollRequest,
-    PollResponse,
     ProcessRequest,
     RemoveLLMServerRequest,
-    SubmitResponse,
     WorkersRequest,
 )
 from prorl_async.service import RolloutService
@@ -117,78 +107,37 @@ wait_param = _wait_param
 @routes.post("/process")
 async def process(request: web.Request) -> web.Response:
     req = await _decode(request, ProcessRequest)
-    svc = _service(request)
-    job_id, status, created = svc.submit(req, viewer(request).name)
-    await svc.store.sync()  # the job is on disk before the client hears it was accepted
-    if created:  # API.md: a new job answers {"status": "queued"}
-        return _json(SubmitResponse(job_id=job_id, status="queued"), 202)
-    return _json(SubmitResponse(job_id=job_id, status=status), 200)
+    answer, created = await _service(request).submit(req, viewer(request).name)
+    return _json(answer, 202 if created else 200)
 
 
 @routes.post("/process/batch")
 async def process_batch(request: web.Request) -> web.Response:
     req = await _decode(request, BatchRequest)
-    svc = _service(request)
-    if len(req.jobs) > svc.config.max_batch:
-        raise PayloadTooLarge(f"jobs: {len(req.jobs)} jobs, over max_batch={svc.config.max_batch}")
-    ids = svc.submit_batch(req.jobs, viewer(request).name)
-    svc.store.flush()  # a batch fills a commit of its own: no need to wait for others
-    await svc.store.sync()
+    ids = await _service(request).submit_batch(req.jobs, viewer(request).name)
     return _json(BatchResponse(job_ids=ids), 202)
 
 
 @routes.get("/jobs/{job_id}")
 async def get_job(request: web.Request) -> web.Response:
     wait = _wait_param(request)
-    svc = _service(request)
     job_id = request.match_info["job_id"]
-    if svc.foreign(job_id, viewer(request).name):  # another tenant's: as if unknown
-        raise NotFound(f"job_id: unknown job {job_id!r}")
-    job = svc.store.get(job_id)
-    if job is not None:
-        await svc.wait_any([job], wait)
-    body = (await svc.store.results([job_id])).get(job_id)
-    if body is not None:
-        return web.Response(body=body, content_type="application/json")
-    status = svc.store.status(job_id)
-    if status is None:
-        raise NotFound(f"job_id: unknown job {job_id!r}")
-    return _json(JobStatusResponse(job_id=job_id, status=status), 202)
+    answer = await _service(request).result(job_id, viewer(request).name, wait)
+    if isinstance(answer, bytes):
+        return web.Response(body=answer, content_type="application/json")
+    return _json(answer, 202)
 
 
 @routes.post("/poll")
 async def poll(request: web.Request) -> web.Response:
     req = await _decode(request, PollRequest)
-    svc = _service(request)
-    store = svc.store
-    known, live, unknown = [], [], []
-    me = viewer(request).name
-    for job_id in dict.fromkeys(req.job_ids):
-        if store.status(job_id) is None or svc.foreign(job_id, me):
-            unknown.append(job_id)
-            continue
-        known.append(job_id)
-        job = store.get(job_id)
-        if job is not None and not job.terminal:
-            live.append(job)
-    if len(live) == len(known):  # nothing finished yet: wait for the first to end
-        await svc.wait_any(live, req.wait)
-    done, pending = [], []
-    bodies = await store.results(known, partial=True)  # committed ones now, the rest pending
-    for job_id in known:
-        body = bodies.get(job_id)
-        if body is None:
-            pending.append(job_id)
-        else:
-            done.append(msgspec.Raw(body))
-    return _json(PollResponse(done=done, pending=pending, unknown=unknown))
+    return _json(await _service(request).poll(req.job_ids, req.wait, viewer(request).name))
 
 
 @routes.delete("/jobs/{job_id}")
 async def delete_job(request: web.Request) -> web.Response:
-    svc = _service(request)
     job_id = request.match_info["job_id"]
-    if not await svc.delete(job_id, viewer(request).name):
+    if not await _service(request).delete(job_id, viewer(request).name):
         raise NotFound(f"job_id: unknown job {job_id!r}")
     return web.Response(status=204)
 
@@ -205,45 +154,21 @@ async def cancel(request: web.Request) -> web.Response:
 # -- LLM backends ----------------------------------------------------------------------------
 
 
-def _pool(request: web.Request) -> Any:
-    pool = _service(request).shared.pool
-    if pool is None:
-        raise Unavailable("the LLM backend pool is not running", retry_after=1)
-    return pool
-
-
 @routes.post("/add_llm_server")
 async def add_llm_server(request: web.Request) -> web.Response:
     req = await _decode(request, AddLLMServerRequest)
-    pool = _pool(request)
-    try:
-        await pool.register(
-            req.address,
-            api=req.api,
-            weight_version=req.weight_version,
-            max_inflight=req.max_inflight,
-            weight=req.weight,
-            model=req.model,
-        )
-    except ValueError as exc:
-        raise Unprocessable(str(exc)) from None
-    return _json({"backends": pool.snapshot()})
+    return _json({"backends": await _service(request).add_backend(req)})
 
 
 @routes.post("/remove_llm_server")
 async def remove_llm_server(request: web.Request) -> web.Response:
     req = await _decode(request, RemoveLLMServerRequest)
-    pool = _pool(request)
-    if not pool.remove(req.address):
-        raise NotFound(f"address: no backend {req.address!r}")
-    return _json({"backends": pool.snapshot()})
+    return _json({"backends": _service(request).remove_backend(req.address)})
 
 
 @routes.post("/clear_llm_server")
 async def clear_llm_server(request: web.Request) -> web.Response:
-    pool = _pool(request)
-    pool.clear()
-    return _json({"backends": pool.snapshot()})
+    return _json({"backends": _service(request).clear_backends()})
 
 
 # -- lifecycle and observation ---------------------------------------------------------------
@@ -289,4 +214,4 @@ async def healthz(request: web.Request) -> web.Response:
 
 @routes.get("/openapi.json")
 async def openapi(request: web.Request) -> web.Response:
-    return _json(openapi_document(tuple(_service(request).registry.names())))
+    return _json(openapi_document(tuple(_service(request).task_names())))

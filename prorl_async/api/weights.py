@@ -9,7 +9,7 @@ import msgspec
 from aiohttp import web
 
 from prorl_async.api.routes import SERVICE, decode_body, json_response
-from prorl_async.core.errors import Unavailable, Unprocessable
+from prorl_async.core.errors import Unprocessable
 from prorl_async.llm.weights import WeightsError, WeightUpdates
 from prorl_async.schemas import WeightsLoadRequest, WeightsPauseRequest, WeightsResumeRequest
 
@@ -20,10 +20,7 @@ _encoder = msgspec.json.Encoder()
 
 
 def _weights(request: web.Request) -> WeightUpdates:
-    pool = request.app[SERVICE].shared.pool
-    if pool is None:
-        raise Unavailable("the LLM backend pool is not running", retry_after=1)
-    return pool.weights
+    return request.app[SERVICE].weights()
 
 
 async def _run(coro: Any) -> web.Response:

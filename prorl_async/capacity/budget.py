@@ -1,9 +1,10 @@
 """The sandbox budget: a resizable bound on live sandboxes, shared by every stage.
 
 Every sandbox start takes a slot first (``Runtime.start`` is the one place that does)
-and the slot is given back when the sandbox closes. Waiting for a slot pauses the
-timer of the job whose stage is waiting, like waiting for an LLM backend, so a job
-is never timed out for the server's lack of capacity.
+and the slot is given back when the sandbox closes. A taker names the job's stage it
+takes the slot for by passing its ``StageScope`` (``job.scope``). Waiting for a slot
+pauses that job's timer, like waiting for an LLM backend, so a job is never timed out
+for the server's lack of capacity.
 
 A freed slot goes to the waiter of the latest stage first (EVAL, then RUN, then INIT,
 then takers outside a stage such as warm sandboxes), in arrival order within a stage.
@@ -35,7 +36,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from prorl_async.capacity.stats import CURRENT_STAGE, current_timer
+from prorl_async.stages.scope import StageScope
 
 __all__ = ["SandboxBudget", "default_max_sandboxes", "total_memory_bytes"]
 
@@ -48,14 +49,13 @@ MIN_DEFAULT = 8
 _RANK = {"eval": 3, "run": 2, "init": 1}
 
 
-def _stage() -> str | None:
-    """The stage of the job taking a slot in the current task (``None``: no job's)."""
-    scope = CURRENT_STAGE.get()
-    return None if scope is None else scope.name
-
-
 def _rank(stage: str | None) -> int:
     return _RANK.get(stage, 0) if stage is not None else 0
+
+
+def _rank_of(scope: StageScope | None) -> int:
+    """The rank of a taker for ``scope``'s stage (0: outside any stage, e.g. warm)."""
+    return 0 if scope is None else _rank(scope.name)
 
 
 def total_memory_bytes() -> int:
@@ -109,13 +109,13 @@ class SandboxBudget:
         self._wake()
         self._ask()
 
-    def _admitted(self, rank: int, *, asking: bool = False) -> bool:
-        """Whether ``rank``'s admission rule admits; ``asking``: evaluated for the current job, with
-        its timer paused (it is waiting for a slot, not yet working on one)."""
+    def _admitted(self, rank: int, *, asking: StageScope | None = None) -> bool:
+        """Whether ``rank``'s admission rule admits; ``asking``: evaluated for that job's
+        stage, with its timer paused (it is waiting for a slot, not yet working on one)."""
         is_open = self._admissions.get(rank)
         if is_open is None:
             return True
-        timer = current_timer() if asking else None
+        timer = None if asking is None else asking.timer
         if timer is None:
             return is_open()
         with timer.paused():
@@ -169,26 +169,28 @@ class SandboxBudget:
         self._freed()  # a larger capacity frees slots (for waiters, then warm sandboxes)
         self._ask()  # a smaller one may take slots back from idle holders
 
-    def try_acquire(self) -> bool:
-        """Take a slot if one is free, nobody of the caller's stage or a later one is
-        queued for one, and the caller's stage's admission rule (if any) admits."""
-        rank = _rank(_stage())
-        if self._ahead(rank) or not self._admitted(rank, asking=True):
+    def try_acquire(self, scope: StageScope | None = None) -> bool:
+        """Take a slot for ``scope``'s job (``None``: outside a stage) if one is free,
+        nobody of its stage or a later one is queued for one, and its stage's admission
+        rule (if any) admits."""
+        rank = _rank_of(scope)
+        if self._ahead(rank) or not self._admitted(rank, asking=scope):
             return False
         if self.capacity is not None and self.live >= self.capacity:
             return False
         self._take()
-        self._count()
+        self._count(scope)
         return True
 
-    async def acquire(self) -> None:
-        """Take a slot, waiting in line if none is free; the job's timer is paused meanwhile."""
-        if self.try_acquire():
+    async def acquire(self, scope: StageScope | None = None) -> None:
+        """Take a slot for ``scope``'s job, waiting in line if none is free; the job's
+        timer is paused meanwhile."""
+        if self.try_acquire(scope):
             return
-        timer = current_timer()
+        timer = None if scope is None else scope.timer
         t0 = time.monotonic()
         self.waits += 1
-        rank = _rank(_stage())
+        rank = _rank_of(scope)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters[rank].append(fut)
         try:
@@ -203,7 +205,7 @@ class SandboxBudget:
             raise
         finally:
             self.wait_seconds += time.monotonic() - t0
-        self._count()
+        self._count(scope)
 
     def release(self) -> None:
         """Give a slot back (a sandbox closed, or a start failed)."""
@@ -216,8 +218,7 @@ class SandboxBudget:
         for callback in self._listeners:
             callback()
 
-    def _count(self) -> None:
-        scope = CURRENT_STAGE.get()  # the taker's own context
+    def _count(self, scope: StageScope | None) -> None:
         stage = None if scope is None else scope.name
         self.taken_by[stage] = self.taken_by.get(stage, 0) + 1
         if scope is not None:

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from prorl_async.capacity.budget import SandboxBudget
-from prorl_async.capacity.jit import JitAdmission
-from prorl_async.capacity.stats import StageStats
-from prorl_async.capacity.workers import WorkerPool
 from prorl_async.schemas import Stage
+from prorl_async.stages.jit import JitAdmission
+from prorl_async.stages.stats import StageStats
+from prorl_async.stages.workers import WorkerPool
 
 __all__ = ["StagedPipeline", "BudgetedRuntime", "WarmView"]
 

@@ -104,7 +104,7 @@ async def start_sandbox(job: Job, spec: SandboxSpec) -> Sandbox:
     runtime = job.shared.runtime
     if runtime is None:
         raise RuntimeError("no sandbox runtime is configured on this server")
-    sandbox: Sandbox = await job.hold(await runtime.start(spec))
+    sandbox: Sandbox = await job.hold(await runtime.start(spec, job.scope))
     return sandbox
 
 

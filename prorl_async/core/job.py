@@ -8,6 +8,7 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from prorl_async.schemas import ErrorInfo, ProcessRequest, Stage
+from prorl_async.stages.scope import StageScope
 from prorl_async.tenancy.config import DEFAULT_TENANT
 from prorl_async.util.timer import PausableTimer
 
@@ -79,6 +80,7 @@ class Job:
         "callback_url",
         "cancel_requested",
         "stage_task",
+        "scope",
         "stage_cancels",
         "stage_done",
         "stage_active",
@@ -132,6 +134,9 @@ class Job:
         # The worker task running the job's stage now; a cancel cancels it (counted in
         # stage_cancels, which the worker takes back) and waits for stage_done.
         self.stage_task: asyncio.Task[Any] | None = None
+        # The stage the job is in while a stage runs (None between stages): handed to
+        # what takes a shared resource for the job (``Runtime.start(spec, job.scope)``).
+        self.scope: StageScope | None = None
         self.stage_cancels = 0
         self.stage_done: asyncio.Future[None] | None = None
         self.stage_active: dict[Stage, float] = {}

@@ -1,12 +1,13 @@
 """The three-stage pipeline: INIT -> RUN -> EVAL on one event loop.
 
-Each stage is a queue (``capacity.StageQueue``) drained by a resizable pool of worker
-coroutines (``capacity.WorkerPool``: the worker count is the stage's concurrency); INIT
-workers start a job only when RUN will take it soon (``capacity.JitAdmission``). A worker runs a
-job's stage in its own task: no task per stage and job. A cancel (cancel, stop) cancels
-the worker and waits until the stage has unwound; the worker takes that cancellation
-back (``Task.uncancel``) and goes on to the next job. Only a cancellation of the worker
-itself (shutdown) ends it.
+Each stage is a queue (``stages.StageQueue``; INIT's a ``stages.FairQueue``) drained by a
+resizable pool of worker coroutines (``stages.WorkerPool``: the worker count is the
+stage's concurrency); INIT workers start a job only when RUN will take it soon
+(``stages.JitAdmission``), and ``stages.StageRun`` times and counts each job's stage.
+A worker runs a job's stage in its own task: no task per stage and job. A cancel
+(cancel, stop) cancels the worker and waits until the stage has unwound; the worker
+takes that cancellation back (``Task.uncancel``) and goes on to the next job. Only a
+cancellation of the worker itself (shutdown) ends it.
 """
 
 from __future__ import annotations
@@ -19,14 +20,20 @@ import time
 from collections.abc import Coroutine
 from typing import Any, Protocol
 
-from prorl_async.capacity.jit import JitAdmission
-from prorl_async.capacity.stats import CURRENT_STAGE, Pulse, StageScope, StageStats
-from prorl_async.capacity.workers import StageQueue, WorkerPool
 from prorl_async.core.job import INIT, RUN, Job, Stage
 from prorl_async.core.jobstore import JobStore
 from prorl_async.core.result import encode_result
 from prorl_async.schemas import ErrorInfo
-from prorl_async.tenancy.fairshare import FairQueue, Shares
+from prorl_async.stages import (
+    FairQueue,
+    JitAdmission,
+    Shares,
+    StageQueue,
+    StageRun,
+    StageStats,
+    WorkerPool,
+)
+from prorl_async.util.pulse import Pulse
 
 __all__ = ["JobListener", "Pipeline", "PipelineObserver"]
 
@@ -236,60 +243,33 @@ class Pipeline:
     async def _work(self, stage: Stage, job: Job, worker: asyncio.Task[Any]) -> None:
         """Run ``job``'s ``stage`` in this worker, then move the job on (``_advance``).
 
-        One coroutine for the whole stage (the JIT admission, the job's stage scope, its
-        deadline, the handler, the statistics, the release), not one per step: each
-        coroutine and call here is paid three times a job.
+        One coroutine for the whole stage (each coroutine here is paid three times a
+        job); the bookkeeping is in ``_begin``, ``_account`` and ``_end``.
         """
         if stage is INIT and not self.jit.open():
             # The job stays queued (timer paused) until RUN will take it soon.
             await self.jit.wait(lambda: job.cancel_requested)
         if not self._dequeue(job) or job.cancel_requested:
             return  # cancelled while it waited in the queue (the cancel finishes it)
-        name: str = stage._value_
-        job.status = name
-        self.active[stage] += 1
-        self.changed.fire_soon()
-        job.stage_task = worker
+        run = self._begin(stage, job, worker)
         outcome: tuple[Outcome, BaseException | None] | None = None
-        stats = self.stats[name]
-        timer = job.timer
-        scope = StageScope(name, timer)
-        scope_token = CURRENT_STAGE.set(scope)
-        keep = False
-        before = timer.elapsed()
-        deadline = timer.deadline(worker)
+        keep = False  # a successful INIT keeps what the job holds for RUN
         try:
             try:
-                with deadline:  # the timer runs inside: entering and leaving count no pause
-                    stats.enter(job, timer, before)
-                    await getattr(job.handler, name)(job)
+                with run.deadline:  # the timer runs inside
+                    run.enter(job)
+                    await getattr(job.handler, run.name)(job)
                 keep = stage is INIT
                 result: tuple[Outcome, BaseException | None] = (_OK, None)
             except TimeoutError as exc:
-                self._notify(job, name, exc)
-                result = (_TIMED_OUT if deadline.expired() else _FAILED), exc
+                self._notify(job, run.name, exc)
+                result = (_TIMED_OUT if run.timed_out() else _FAILED), exc
             except Exception as exc:
-                self._notify(job, name, exc)
+                self._notify(job, run.name, exc)
                 result = _FAILED, exc
             finally:
-                # The deadline's clock readings: the stage's wall time; its active time is
-                # what the timer counted (waits for a backend paused it).
-                now = deadline.exited_at
-                active = timer.elapsed() - before
-                wall = now - deadline.entered_at
-                stage_active, stage_wall = job.stage_active, job.stage_wall
-                stage_active[stage] = stage_active.get(stage, 0.0) + active
-                stage_wall[stage] = stage_wall.get(stage, 0.0) + wall
-                stats.leave(job, timer)  # the deadline's pause counted it paused; this uncounts it
-                stats.finished(wall, active, scope.slots, now)
-                if stage is not INIT and job.holds_resources:
-                    # Waiting (timer paused, e.g. for a backend) holding a sandbox: idle too.
-                    stats.idle_sandbox_seconds += max(wall - active, 0.0)
-                if self.observer is not None:
-                    self.observer.stage_finished(name, active)
-                CURRENT_STAGE.reset(scope_token)
-                # What the job holds is freed after RUN (before EVAL) and on any failure.
-                if not keep and job.holds_resources:
+                self._account(job, stage, run)
+                if not keep and job.holds_resources:  # after RUN, and on any failure
                     await self._release(job)
             outcome = result
         except asyncio.CancelledError:
@@ -302,13 +282,40 @@ class Pipeline:
             if job.stage_cancels:
                 _take_back(worker, job)  # a cancel the stage swallowed
         finally:
-            self.active[stage] -= 1
-            job.stage_task = None
-            done, job.stage_done = job.stage_done, None
-            if done is not None and not done.done():
-                done.set_result(None)
-            self.changed.fire_soon()
+            self._end(stage, job)
         self._advance(job, stage, outcome)
+
+    def _begin(self, stage: Stage, job: Job, worker: asyncio.Task[Any]) -> StageRun:
+        """The job enters ``stage`` in ``worker``: counted active, its scope set."""
+        job.status = stage._value_
+        self.active[stage] += 1
+        self.changed.fire_soon()
+        job.stage_task = worker
+        run = StageRun(stage._value_, job.timer, self.stats[stage._value_], worker)
+        job.scope = run.scope
+        return run
+
+    def _account(self, job: Job, stage: Stage, run: StageRun) -> None:
+        """The stage's times, into the stage's statistics, the job's and the metrics."""
+        run.leave(job)
+        job.scope = None
+        wall, active = run.wall, run.active
+        job.stage_active[stage] = job.stage_active.get(stage, 0.0) + active
+        job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + wall
+        if stage is not INIT and job.holds_resources:
+            # Waiting (timer paused, e.g. for a backend) holding a sandbox: idle too.
+            run.stats.idle_sandbox_seconds += max(wall - active, 0.0)
+        if self.observer is not None:
+            self.observer.stage_finished(run.name, active)
+
+    def _end(self, stage: Stage, job: Job) -> None:
+        """The worker is done with the job's stage: a cancel waiting for it goes on."""
+        self.active[stage] -= 1
+        job.stage_task = None
+        done, job.stage_done = job.stage_done, None
+        if done is not None and not done.done():
+            done.set_result(None)
+        self.changed.fire_soon()
 
     def _advance(
         self, job: Job, stage: Stage, outcome: tuple[Outcome, BaseException | None] | None

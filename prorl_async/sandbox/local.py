@@ -14,6 +14,7 @@ from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.runtime import Runtime
 from prorl_async.sandbox.sandbox import Sandbox
 from prorl_async.sandbox.spec import SandboxSpec
+from prorl_async.stages.scope import StageScope
 
 __all__ = ["LocalRuntime"]
 
@@ -45,10 +46,12 @@ class LocalRuntime(Runtime):
         env.setdefault("TMPDIR", str(layout.tmp))
         return env
 
-    async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
+    async def start(
+        self, spec: SandboxSpec | None = None, scope: StageScope | None = None
+    ) -> Sandbox:
         """Start an unisolated sandbox, warning that it is one."""
         log.warning(
             "local runtime: sandbox code runs UNISOLATED as %s, with host network and files",
             os.environ.get("USER") or os.getuid(),
         )
-        return await super().start(spec)
+        return await super().start(spec, scope)

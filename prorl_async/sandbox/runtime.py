@@ -26,6 +26,7 @@ from prorl_async.sandbox.loopback import LoopbackAllocator, LoopbackLease
 from prorl_async.sandbox.records import SandboxRecords
 from prorl_async.sandbox.sandbox import Sandbox
 from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec, SpecError
+from prorl_async.stages.scope import StageScope
 from prorl_async.toolserver.client import ToolClient
 
 __all__ = [
@@ -178,11 +179,15 @@ class Runtime(abc.ABC):
         uid = os.geteuid()
         return f"host uid {uid} (the server's){' UNISOLATED' if not self.isolated else ''}"
 
-    async def start(self, spec: SandboxSpec | None = None) -> Sandbox:
+    async def start(
+        self, spec: SandboxSpec | None = None, scope: StageScope | None = None
+    ) -> Sandbox:
         """Start a sandbox and return once its tool server answers; clean up on any failure.
 
-        A warm sandbox of the same spec is taken when there is one; otherwise this waits
-        for a budget slot (pausing the calling job's timer), evicting an idle warm one first.
+        ``scope``: the job's stage the sandbox is for (``job.scope``; ``None``: none). A
+        warm sandbox of the same spec is taken when there is one; otherwise this waits for
+        a budget slot, ranked by ``scope``'s stage and pausing its job's timer, evicting an
+        idle warm one first.
         """
         spec = spec if spec is not None else SandboxSpec()
         spec.validate()
@@ -190,14 +195,15 @@ class Runtime(abc.ABC):
         warm = self.warm.take(spec) if self.warm is not None else None
         if warm is not None:
             return warm
-        if not self.budget.try_acquire():
+        if not self.budget.try_acquire(scope):
             if self.warm is not None and self.budget.free == 0:
                 await self.warm.evict()  # only a full budget is worth an idle warm one
-            await self.budget.acquire()
-        return await self.start_reserved(spec)
+            await self.budget.acquire(scope)
+        return await self.start_reserved(spec, scope)
 
-    async def start_reserved(self, spec: SandboxSpec) -> Sandbox:
-        """Start a sandbox on a budget slot the caller already holds (given back at close)."""
+    async def start_reserved(self, spec: SandboxSpec, scope: StageScope | None = None) -> Sandbox:
+        """Start a sandbox on a budget slot the caller already holds (given back at close);
+        ``scope`` as for ``start``."""
         try:
             sb = self._prepare(spec)
         except BaseException:

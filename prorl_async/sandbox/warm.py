@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextvars
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -146,12 +145,9 @@ class WarmPool(AsyncResource):
         self._close(sb)
 
     def _close(self, sb: Sandbox) -> None:
-        """Close ``sb`` in a task this pool owns (awaited by ``aclose``); in a context of its
-        own, not that of the job whose wait asked for it (its stage, timer, slot count)."""
+        """Close ``sb`` in a task this pool owns (awaited by ``aclose``)."""
         self._returning += 1
-        task = asyncio.create_task(
-            sb.aclose(), name=f"warm-close:{sb.id}", context=contextvars.Context()
-        )
+        task = asyncio.create_task(sb.aclose(), name=f"warm-close:{sb.id}")
         self._closing.add(task)
         task.add_done_callback(self._closed)
 

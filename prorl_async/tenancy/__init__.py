@@ -7,13 +7,10 @@ from prorl_async.tenancy.config import (
     check_tenants,
     read_tokens_file,
 )
-from prorl_async.tenancy.fairshare import FairQueue, Shares
 from prorl_async.tenancy.ledger import Tenant, Tenants
 
 __all__ = [
     "DEFAULT_TENANT",
-    "FairQueue",
-    "Shares",
     "Tenant",
     "TenantConfig",
     "Tenants",

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from prorl_async.capacity import SandboxBudget, default_max_sandboxes
-from prorl_async.capacity.stats import CURRENT_STAGE, StageScope, current_timer
 from prorl_async.sandbox import SandboxLimits
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
+from prorl_async.stages import StageScope
 from prorl_async.util.timer import PausableTimer
 from tests.handlers.policies import require_bwrap
 from tests.serverutil import ServerFactory, eventually
@@ -34,9 +34,9 @@ async def test_waiting_for_a_slot_pauses_the_job_timer() -> None:
         budget.release()
 
     loop.call_later(0.3, free)
-    CURRENT_STAGE.set(StageScope(None, timer))  # a job's stage, as the pipeline sets it
+    scope = StageScope(None, timer)  # a job's stage, as the pipeline makes it
     async with timer.deadline():
-        await budget.acquire()  # waits ~0.3 s for the slot
+        await budget.acquire(scope)  # waits ~0.3 s for the slot
         got = loop.time()
     assert got >= freed and budget.waits == 1 and budget.wait_seconds >= 0.25
     # The wait was not charged to the job: its timer was paused while it waited (a
@@ -75,8 +75,7 @@ async def test_a_freed_slot_goes_to_the_latest_stage_first() -> None:
     order: list[str] = []
 
     async def take(stage: str | None) -> None:
-        CURRENT_STAGE.set(StageScope(stage))  # this task's own context, as the pipeline sets it
-        await budget.acquire()
+        await budget.acquire(StageScope(stage))
         order.append(str(stage))
 
     tasks = []
@@ -94,11 +93,8 @@ async def test_a_freed_slot_goes_to_the_latest_stage_first() -> None:
     waiter = asyncio.create_task(take("init"))
     await eventually(lambda: budget.waiting == 1)
     budget.capacity = 3  # a free slot with an INIT waiter still in line (not woken)
-    token = CURRENT_STAGE.set(StageScope("init"))
-    assert not budget.try_acquire()  # INIT behind INIT: waits its turn
-    CURRENT_STAGE.set(StageScope("eval"))
-    assert budget.try_acquire()  # EVAL ahead of INIT
-    CURRENT_STAGE.reset(token)
+    assert not budget.try_acquire(StageScope("init"))  # INIT behind INIT: waits its turn
+    assert budget.try_acquire(StageScope("eval"))  # EVAL ahead of INIT
     budget.resize(4)
     await asyncio.wait_for(waiter, 5)
 
@@ -107,21 +103,19 @@ async def test_a_stage_with_an_admission_rule_gets_slots_only_while_it_admits() 
     budget = SandboxBudget(4)
     admitting = False
     seen_paused: list[bool] = []
+    timer = PausableTimer(budget=10.0)  # the INIT job's
 
     def is_open() -> bool:
-        timer = current_timer()
-        seen_paused.append(timer is not None and not timer.running)
+        seen_paused.append(not timer.running)
         return admitting
 
     budget.admit_when("init", is_open)
-    CURRENT_STAGE.set(StageScope("eval"))
-    assert budget.try_acquire()  # other stages have no admission rule
-    timer = PausableTimer(budget=10.0)
+    assert budget.try_acquire(StageScope("eval"))  # other stages have no admission rule
+    assert not seen_paused
 
     async def take() -> None:
-        CURRENT_STAGE.set(StageScope("init", timer))
-        async with timer.deadline():
-            await budget.acquire()
+        async with timer.deadline():  # the timer runs, as in a stage
+            await budget.acquire(StageScope("init", timer))
 
     waiter = asyncio.create_task(take())
     await eventually(lambda: budget.waiting == 1)

@@ -13,12 +13,13 @@ from typing import Any
 
 import pytest
 
-from prorl_async.capacity import jit as jit_module
-from prorl_async.capacity.jit import JitAdmission, run_queue_target
-from prorl_async.capacity.stats import Pulse, StageStats
 from prorl_async.core.pipeline import Pipeline
 from prorl_async.schemas import Stage
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
+from prorl_async.stages import jit as jit_module
+from prorl_async.stages.jit import JitAdmission, run_queue_target
+from prorl_async.stages.stats import StageStats
+from prorl_async.util.pulse import Pulse
 from prorl_async.util.timer import PausableTimer
 from tests.capacity.timers import entered
 from tests.handlers.policies import require_bwrap

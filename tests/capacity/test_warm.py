@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from prorl_async.capacity.stats import CURRENT_STAGE
 from prorl_async.sandbox import BwrapRuntime, Sandbox, SandboxSpec
 from prorl_async.sandbox.runtime import Runtime
 from prorl_async.scripted_llm import ScriptedLLM
+from prorl_async.stages import StageScope
 from tests.handlers.policies import require_bwrap
 from tests.serverutil import Server, ServerFactory, eventually
 
@@ -84,14 +84,16 @@ async def test_jobs_submitted_while_the_warm_pool_fills_get_slots(
     release_warm = asyncio.Event()
     real_start = Runtime.start_reserved
 
-    async def held_warm_start(self: Runtime, spec: SandboxSpec) -> Sandbox:
-        if CURRENT_STAGE.get() is None:  # the warm pool's start, not a job's
+    async def held_warm_start(
+        self: Runtime, spec: SandboxSpec, scope: StageScope | None = None
+    ) -> Sandbox:
+        if scope is None:  # the warm pool's start, not a job's
             try:
                 await release_warm.wait()
             except BaseException:
                 self.budget.release()  # start_reserved's contract: a failed start's slot
                 raise
-        return await real_start(self, spec)
+        return await real_start(self, spec, scope)
 
     monkeypatch.setattr(BwrapRuntime, "start_reserved", held_warm_start)
     async with (

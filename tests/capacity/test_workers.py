@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import pytest
 
-from prorl_async.capacity import StageQueue
 from prorl_async.client import BadRequestError
+from prorl_async.stages import StageQueue
 from tests.blocking import BlockingHandler
 from tests.capacity.test_budget import scrape
 from tests.serverutil import ServerFactory, eventually

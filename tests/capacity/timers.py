@@ -3,7 +3,7 @@ of the test's own."""
 
 from __future__ import annotations
 
-from prorl_async.capacity.stats import StageStats
+from prorl_async.stages.stats import StageStats
 from prorl_async.util.timer import PausableTimer
 
 

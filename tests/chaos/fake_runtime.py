@@ -13,10 +13,10 @@ import itertools
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from prorl_async.capacity.stats import CURRENT_STAGE
 from prorl_async.sandbox import RuntimeConfig, SandboxSpec
 from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.runtime import Runtime, SandboxStartError
+from prorl_async.stages.scope import StageScope
 from prorl_async.util.resource import AsyncResource
 
 __all__ = ["FakeRuntime", "FakeSandbox", "FakeStart", "fake_config"]
@@ -108,8 +108,9 @@ class FakeRuntime(Runtime):
         finally:
             self.pending.remove(start)
 
-    async def start_reserved(self, spec: SandboxSpec) -> FakeSandbox:  # type: ignore[override]
-        scope = CURRENT_STAGE.get()
+    async def start_reserved(  # type: ignore[override]
+        self, spec: SandboxSpec, scope: StageScope | None = None
+    ) -> FakeSandbox:
         start = FakeStart(spec, None if scope is None else scope.name)
         self.starts.append(start)
         try:

@@ -129,7 +129,7 @@ class ChaosHandler(AgentHandler):
         assert runtime is not None
         if job.instance.eval_sandbox:
             limits = job.shared.config.sandbox_limits
-            async with await runtime.start(_spec("files", limits)):
+            async with await runtime.start(_spec("files", limits), job.scope):
                 pass
         job.reward = 1.0
 

@@ -204,11 +204,11 @@ class EvalStartFails:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
-    async def start(self, spec: SandboxSpec | None = None) -> Any:
+    async def start(self, spec: SandboxSpec | None = None, scope: Any = None) -> Any:
         self.starts += 1
         if self.starts > 1:
             raise RuntimeError("no sandbox for the hidden tests")
-        return await self.real.start(spec)
+        return await self.real.start(spec, scope)
 
 
 @contextmanager

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from prorl_async.capacity.stats import CURRENT_STAGE, StageScope
 from prorl_async.sandbox import SandboxLimits, SandboxSpec, WarmPool
+from prorl_async.stages import StageScope
 from tests.chaos.fake_runtime import FakeRuntime, FakeSandbox, FakeStart, fake_config
 from tests.serverutil import eventually
 
@@ -38,8 +38,7 @@ def job_start(rt: FakeRuntime, spec: SandboxSpec, stage: str = "init") -> asynci
     """A job's sandbox start, from inside ``stage`` (as the pipeline runs it)."""
 
     async def start() -> FakeSandbox:
-        CURRENT_STAGE.set(StageScope(stage))  # this task's own context
-        sb = await rt.start(spec)
+        sb = await rt.start(spec, StageScope(stage))
         assert isinstance(sb, FakeSandbox)
         return sb
 

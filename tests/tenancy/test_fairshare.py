@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from prorl_async.client import RolloutClient
-from prorl_async.tenancy import FairQueue
+from prorl_async.stages import FairQueue
 from tests.blocking import BlockingHandler
 from tests.serverutil import ServerFactory, eventually
 

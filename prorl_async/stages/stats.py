@@ -1,52 +1,15 @@
-"""What the capacity controls measure: per-stage service times, arrivals, idle sandboxes."""
+"""What a stage measures: service times, arrivals, departures, idle sandbox-seconds."""
 
 from __future__ import annotations
 
-import asyncio
 import collections
-import contextvars
 import math
 import statistics
 import time
-from collections.abc import Callable
 
 from prorl_async.util.timer import PausableTimer
 
-__all__ = [
-    "CURRENT_STAGE",
-    "Ewma",
-    "Pulse",
-    "RateMeter",
-    "StageScope",
-    "StageStats",
-    "current_timer",
-]
-
-
-class StageScope:
-    """The stage of one job running in the current task: its name, the job's timer, and
-    the sandbox-budget slots the job took in it (counted by the budget)."""
-
-    __slots__ = ("name", "timer", "slots")
-
-    def __init__(self, name: str | None, timer: PausableTimer | None = None) -> None:
-        self.name = name
-        self.timer = timer
-        self.slots = 0
-
-
-# The stage whose task is running, set by the pipeline in each stage's own context (one
-# context variable, not one per field: a set and reset cost ~1,300 instructions), so the
-# sandbox budget can tell which stage took a slot and pause the job's timer while it waits.
-CURRENT_STAGE: contextvars.ContextVar[StageScope | None] = contextvars.ContextVar(
-    "prorl_current_stage", default=None
-)
-
-
-def current_timer() -> PausableTimer | None:
-    """The timer of the job whose stage runs in the current task, if any."""
-    scope = CURRENT_STAGE.get()
-    return None if scope is None else scope.timer
+__all__ = ["Ewma", "RateMeter", "StageStats"]
 
 
 class Ewma:
@@ -170,42 +133,3 @@ class StageStats:
         if slots:
             self.sandboxed_active.add(active_s)
         self.departures.add(1, now)
-
-
-class Pulse:
-    """Wakes every current waiter when something changed (no state, no lost wake-ups for
-    waiters that re-check their condition after each wake)."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-        self._listeners: list[Callable[[], None]] = []
-        self._waiting = 0
-        self._soon: asyncio.Handle | None = None
-
-    def on_fire(self, callback: Callable[[], None]) -> None:
-        """Also call ``callback`` (synchronously) on every ``fire``."""
-        self._listeners.append(callback)
-
-    def fire(self) -> None:
-        if self._waiting:  # a new event only when someone waits on the current one
-            self._event.set()
-            self._event = asyncio.Event()
-        for callback in self._listeners:
-            callback()
-
-    def fire_soon(self) -> None:
-        """``fire`` once at the end of this loop iteration, however many changes come
-        before it: jobs moving in bulk wake waiters and listeners once, not per job."""
-        if self._soon is None:
-            self._soon = asyncio.get_running_loop().call_soon(self._fire_now)
-
-    def _fire_now(self) -> None:
-        self._soon = None
-        self.fire()
-
-    async def wait(self) -> None:
-        self._waiting += 1
-        try:
-            await self._event.wait()
-        finally:
-            self._waiting -= 1

@@ -1,12 +1,12 @@
 """Weighted fair admission: per-tenant queues, each admission to the tenant furthest
 below its share of the jobs in flight.
 
-``FairQueue`` is a ``capacity.StageQueue`` (the INIT stage's worker pool drains it as
+``FairQueue`` is a ``StageQueue`` (the INIT stage's worker pool drains it as
 any stage queue) holding one FIFO per tenant. Given ``Shares`` (each tenant's weight
 and its jobs in flight, queued ones included), ``get`` takes the next job of the backlogged tenant
 with the fewest jobs admitted and unfinished per unit of weight: weighted max-min
 fairness of the server's slots. Backlogged tenants with weights 3 and 1 hold 3:1 of
-the slots (3:1 completions for jobs of equal length), and a tenant that arrives while
+the slots (3:1 finished jobs for jobs of equal length), and a tenant that arrives while
 another holds every slot gets each slot that frees until it holds its share, however
 long the other's queue. Ties, and a queue without ``Shares``, go by deficit round
 robin: each turn a tenant's deficit grows by its weight and it is served one job per
@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Generic, Protocol, TypeVar
 
-from prorl_async.capacity.workers import StageQueue
+from prorl_async.stages.queue import StageQueue
 
 __all__ = ["FairQueue", "Shares"]
 

@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from prorl_async.capacity.stats import Pulse, StageStats
+from prorl_async.stages.stats import StageStats
+from prorl_async.util.pulse import Pulse
 
 __all__ = ["JitAdmission", "run_queue_target"]
 

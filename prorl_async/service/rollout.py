@@ -1,7 +1,10 @@
-"""The rollout service: admission, polling, cancel and status on top of the pipeline.
+"""``RolloutService``: the one façade over the pipeline, the job store and the shared parts.
 
-HTTP routes are thin wrappers around this class, so the same logic serves the
-server, the tests and the benchmarks.
+Every operation a client can ask for is a method here (submit with its durable
+acknowledgement, poll, read a result, the result cursor and event feed, cancel, the
+LLM backends, the weights, the stage pools, status); the HTTP routes (``api``) only
+decode, call one of them and encode, so the server, the tests, the benchmarks and an
+embedding application all get the same answers.
 """
 
 from __future__ import annotations
@@ -11,30 +14,51 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from prorl_async.capacity.autoscale import Autoscaler
 from prorl_async.capacity.budget import SandboxBudget
 from prorl_async.capacity.view import CapacityView
 from prorl_async.config import ServerConfig
-from prorl_async.core.errors import Conflict, TooManyRequests, Unavailable, Unprocessable
+from prorl_async.core.errors import (
+    Conflict,
+    Gone,
+    NotFound,
+    PayloadTooLarge,
+    TooManyRequests,
+    Unavailable,
+    Unprocessable,
+)
 from prorl_async.core.handler import AgentHandler, HandlerRegistry, InstanceError
 from prorl_async.core.job import Job, Stage
-from prorl_async.core.metrics import LiveState, Metrics
+from prorl_async.core.metrics import Metrics
 from prorl_async.core.pipeline import Pipeline
 from prorl_async.core.recovery import recover
-from prorl_async.core.shared import Shared
-from prorl_async.core.tenantview import TenantCollector, callbacks_info, events_info, tenant_infos
+from prorl_async.core.resultlog import LogEntry
+from prorl_async.core.shared import Shared, open_shared
+from prorl_async.core.tenantview import TenantCollector
+from prorl_async.llm.pool import BackendPool
 from prorl_async.llm.sampling import SamplingParamsError, check_sampling_params
+from prorl_async.llm.weights import WeightUpdates
 from prorl_async.notify.sender import CallbackSender
 from prorl_async.schemas import (
-    BackendInfo,
+    AddLLMServerRequest,
+    CallbackInfo,
     CancelResponse,
+    JobStatusResponse,
+    PollResponse,
     ProcessRequest,
+    ResultsResponse,
     StatusResponse,
+    SubmitResponse,
     WorkersRequest,
 )
+from prorl_async.service.status import live_state, status_document
 from prorl_async.store import JobStore, MemoryJobStore, SqliteJobStore, StateDirLock, set_aside
 from prorl_async.tenancy import DEFAULT_TENANT, Tenant, Tenants
 
@@ -57,7 +81,7 @@ class RolloutService:
         self.state_lock = StateDirLock(config.state_dir)
         self._opened = False
         self.poll_waiters = 0
-        self.metrics = Metrics(self._live_state())
+        self.metrics = Metrics(live_state(self))
         self.shared.metrics = self.metrics
         # Tenants (tokens, quotas, weights) and callbacks of finished jobs (API.md).
         self.tenants = Tenants(config.tenants, config.token)
@@ -140,6 +164,20 @@ class RolloutService:
 
     async def stop(self) -> None:
         await self.pipeline.stop()
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[RolloutService]:
+        """The service open, its shared parts (LLM pool, sandbox runtime, tokenizer) up
+        and its workers started; on exit every job is released and everything closed.
+
+        The state dir lock comes first: nothing below may touch another server's state."""
+        self.open()
+        async with open_shared(self.shared):
+            self.start()
+            try:
+                yield self
+            finally:
+                await self.aclose()
 
     async def aclose(self) -> None:
         """Stop intake, cancel and release every job, end workers, close handlers and store.
@@ -264,18 +302,35 @@ class RolloutService:
         self.pipeline.submit(job)
         return job
 
-    def submit(self, req: ProcessRequest, tenant: str = DEFAULT_TENANT) -> tuple[str, str, bool]:
-        """Admit one job of ``tenant``: (job_id, status, created)."""
+    async def submit(
+        self, req: ProcessRequest, tenant: str = DEFAULT_TENANT
+    ) -> tuple[SubmitResponse, bool]:
+        """Admit one job of ``tenant``; returns once the job is durable (it survives a
+        crash from then on), with whether it is new (a known ``job_id`` creates nothing
+        and answers its status)."""
         known = self.existing(req.job_id, tenant)
         if known is not None:
-            return known[0], known[1], False
+            await self.store.sync()  # what it answers is on disk too
+            return SubmitResponse(job_id=known[0], status=known[1]), False
         self.check_accepting(1, tenant)
         handler, instance = self.prepare(req)
         job = self.create(req, handler, instance, tenant)
-        return job.id, job.status, True
+        await self.store.sync()
+        return SubmitResponse(job_id=job.id, status="queued"), True
 
-    def submit_batch(self, reqs: list[ProcessRequest], tenant: str = DEFAULT_TENANT) -> list[str]:
-        """Validate the whole batch first (one bad job rejects it), then admit."""
+    async def submit_batch(
+        self, reqs: list[ProcessRequest], tenant: str = DEFAULT_TENANT
+    ) -> list[str]:
+        """Validate the whole batch first (one bad job rejects it), then admit; returns
+        once every job is durable."""
+        if len(reqs) > self.config.max_batch:
+            raise PayloadTooLarge(f"jobs: {len(reqs)} jobs, over max_batch={self.config.max_batch}")
+        ids = self._admit_batch(reqs, tenant)
+        self.store.flush()  # a batch fills a commit of its own: no need to wait for others
+        await self.store.sync()
+        return ids
+
+    def _admit_batch(self, reqs: list[ProcessRequest], tenant: str) -> list[str]:
         prepared: list[tuple[AgentHandler, Any] | None] = []
         new = 0
         for i, req in enumerate(reqs):
@@ -295,6 +350,51 @@ class RolloutService:
         return ids
 
     # -- poll ------------------------------------------------------------------------------
+
+    async def result(
+        self, job_id: str, tenant: str = DEFAULT_TENANT, wait: float = 0.0
+    ) -> bytes | JobStatusResponse:
+        """The job's result document (JSON bytes, as stored), or its status while it is
+        not finished; waits up to ``wait`` seconds for it to end. Another tenant's job is
+        unknown (``NotFound``)."""
+        if self.foreign(job_id, tenant):
+            raise NotFound(f"job_id: unknown job {job_id!r}")
+        job = self.store.get(job_id)
+        if job is not None:
+            await self.wait_any([job], wait)
+        body = (await self.store.results([job_id])).get(job_id)
+        if body is not None:
+            return body
+        status = self.store.status(job_id)
+        if status is None:
+            raise NotFound(f"job_id: unknown job {job_id!r}")
+        return JobStatusResponse(job_id=job_id, status=status)
+
+    async def poll(
+        self, job_ids: list[str], wait: float = 0.0, tenant: str = DEFAULT_TENANT
+    ) -> PollResponse:
+        """The finished results among ``job_ids``; if none has finished, waits up to
+        ``wait`` seconds for the first. Results not yet committed are listed pending."""
+        known, live, unknown = [], [], []
+        for job_id in dict.fromkeys(job_ids):
+            if self.store.status(job_id) is None or self.foreign(job_id, tenant):
+                unknown.append(job_id)
+                continue
+            known.append(job_id)
+            job = self.store.get(job_id)
+            if job is not None and not job.terminal:
+                live.append(job)
+        if len(live) == len(known):  # nothing finished yet: wait for the first to end
+            await self.wait_any(live, wait)
+        done, pending = [], []
+        bodies = await self.store.results(known, partial=True)  # committed ones now
+        for job_id in known:
+            body = bodies.get(job_id)
+            if body is None:
+                pending.append(job_id)
+            else:
+                done.append(msgspec.Raw(body))
+        return PollResponse(done=done, pending=pending, unknown=unknown)
 
     async def wait_any(self, jobs: list[Job], wait: float) -> None:
         """Wait until one of ``jobs`` ends or ``wait`` seconds pass. Leaves no waiter behind."""
@@ -364,79 +464,150 @@ class RolloutService:
                 log.info("workers: %s pool resized to %d", stage.value, size)
                 self.pipeline.resize(stage, size)
 
-    # -- status ----------------------------------------------------------------------------
+    # -- results by cursor and the event feed ----------------------------------------------
 
-    def _backends(self) -> list[dict[str, Any]]:
+    def cursor(self, tenant: str, after: int | None, default: int | None = None) -> int:
+        """A result-log cursor of ``tenant``: ``after`` checked against retention
+        (``Gone`` names the oldest seq still held), or when not given ``default`` (``None``:
+        before the oldest result held)."""
+        log = self.store.log
+        if after is None:
+            return log.oldest(tenant) - 1 if default is None else default
+        if after < log.floor(tenant):
+            oldest = log.oldest(tenant)
+            raise Gone(
+                f"after: cursor {after} is older than the retention; the oldest seq still "
+                f"held is {oldest} (read on from after={oldest - 1}, and poll the ids you miss)",
+                oldest_seq=oldest,
+            )
+        return after
+
+    def last_seq(self, tenant: str) -> int:
+        """The seq of ``tenant``'s latest committed result (a cursor for "from now on")."""
+        return self.store.log.last(tenant)
+
+    async def results_after(
+        self, tenant: str, cursor: int, limit: int, wait: float = 0.0
+    ) -> ResultsResponse:
+        """Up to ``limit`` of ``tenant``'s results committed after ``cursor``, in seq
+        order; if there are none, waits up to ``wait`` seconds for the first."""
+        log = self.store.log
+        entries = log.after(tenant, cursor, limit)
+        if not entries and limit and wait > 0:
+            await log.wait(tenant, cursor, min(wait, self.config.max_wait_s))
+            entries = log.after(tenant, cursor, limit)
+        docs = await self._documents(entries)
+        cursor = entries[-1].seq if entries else cursor
+        return ResultsResponse(results=docs, next=cursor, epoch=log.epoch)
+
+    async def _documents(self, entries: list[LogEntry]) -> list[msgspec.Raw]:
+        """The result documents of ``entries`` still held (not deleted or replaced since)."""
+        store = self.store
+        bodies = await store.results([e.job_id for e in entries])
+        return [
+            msgspec.Raw(bodies[e.job_id])
+            for e in entries
+            if e.job_id in bodies and store.seq_of(e.job_id) == e.seq
+        ]
+
+    async def events(
+        self, tenant: str, cursor: int, batch: int, heartbeat_s: float
+    ) -> AsyncGenerator[list[LogEntry], None]:
+        """``tenant``'s results as they commit after ``cursor``, up to ``batch`` at a
+        time; an empty list after ``heartbeat_s`` without any. Ends when the service
+        closes. The caller pulls at its own pace: nothing is queued for it."""
+        log = self.store.log
+        log.streams += 1
+        try:
+            while not log.closed:
+                entries = log.after(tenant, cursor, batch)
+                if entries:
+                    cursor = entries[-1].seq
+                    yield entries
+                    continue
+                await log.wait(tenant, cursor, heartbeat_s)
+                if not log.closed and not log.after(tenant, cursor, 1):
+                    yield []
+        finally:
+            log.streams -= 1
+
+    def event_consumer_dropped(self) -> None:
+        """An event consumer was disconnected for not reading (counted in ``/status``)."""
+        self.store.log.streams_dropped += 1
+
+    def close_feeds(self) -> None:
+        """End every long-poll of ``/results`` and every event stream now (shutdown)."""
+        self.store.log.close()
+
+    async def callback_state(self, job_id: str, tenant: str = DEFAULT_TENANT) -> CallbackInfo:
+        """The delivery state of the job's ``callback_url`` (``NotFound``: unknown job, or
+        none asked for)."""
+        if self.store.status(job_id) is None or self.foreign(job_id, tenant):
+            raise NotFound(f"job_id: unknown job {job_id!r}")
+        info = await self.store.outbox.info(job_id)
+        if info is not None:
+            return info
+        job = self.store.get(job_id)
+        if job is None or job.terminal or job.callback_url is None:
+            raise NotFound(f"job_id: job {job_id!r} has no callback_url")
+        # Not ended yet: its delivery starts when it does.
+        return CallbackInfo(
+            job_id=job_id, url=job.callback_url, state="pending", attempts=0, last_error=None
+        )
+
+    # -- LLM backends and weights ----------------------------------------------------------
+
+    def _pool(self) -> BackendPool:
+        pool = self.shared.pool
+        if pool is None:
+            raise Unavailable("the LLM backend pool is not running", retry_after=1)
+        return pool
+
+    def backends(self) -> list[dict[str, Any]]:
+        """The registered LLM backends (``[]`` while the pool is not running)."""
         pool = self.shared.pool
         return [] if pool is None else list(pool.snapshot())
 
-    def _backend_waiting(self) -> int:
-        pool = self.shared.pool
-        return 0 if pool is None else int(pool.waiting)
+    async def add_backend(self, req: AddLLMServerRequest) -> list[dict[str, Any]]:
+        """Register (or update) an LLM backend; returns the backends."""
+        pool = self._pool()
+        try:
+            await pool.register(
+                req.address,
+                api=req.api,
+                weight_version=req.weight_version,
+                max_inflight=req.max_inflight,
+                weight=req.weight,
+                model=req.model,
+            )
+        except ValueError as exc:
+            raise Unprocessable(str(exc)) from None
+        return list(pool.snapshot())
 
-    def _sandboxes(self) -> int:
-        runtime = self.shared.runtime
-        return 0 if runtime is None else int(runtime.live)
+    def remove_backend(self, address: str) -> list[dict[str, Any]]:
+        """Unregister a backend (its jobs fail over); ``NotFound`` if none has ``address``."""
+        pool = self._pool()
+        if not pool.remove(address):
+            raise NotFound(f"address: no backend {address!r}")
+        return list(pool.snapshot())
 
-    def _queue_depths(self) -> dict[str, int]:
-        return {s.value: n for s, n in self.pipeline.queued.items()}
+    def clear_backends(self) -> list[dict[str, Any]]:
+        pool = self._pool()
+        pool.clear()
+        return list(pool.snapshot())
 
-    def _active_counts(self) -> dict[str, int]:
-        return {s.value: n for s, n in self.pipeline.active.items()}
+    def weights(self) -> WeightUpdates:
+        """Pause, load and resume of the backends' weights (``llm.weights``)."""
+        return self._pool().weights
 
-    def _poll_waiters(self) -> int:
-        return self.poll_waiters
-
-    def _live_state(self) -> LiveState:
-        # Read at scrape time; the pipeline and store are created after the metrics.
-        return LiveState(
-            queues=self._queue_depths,
-            active=self._active_counts,
-            poll_waiters=self._poll_waiters,
-            sandboxes=self._sandboxes,
-            backends=self._backends,
-            backend_waiting=self._backend_waiting,
-            unfinished=lambda: self.store.unfinished_count(),
-            store=self._store_gauges,
-        )
-
-    def _store_gauges(self) -> dict[str, int]:
-        st = self.store.stats()
-        return {"rows": st.rows, "bytes": st.bytes, "cache_bytes": st.cache_bytes}
+    # -- observation ---------------------------------------------------------------------
 
     def status(self, viewer: Tenant | None = None) -> StatusResponse:
         """The ``/status`` document; a non-admin ``viewer`` sees only its own tenant."""
-        pipe = self.pipeline
-        me = DEFAULT_TENANT if viewer is None else viewer.name
-        only = None if viewer is None or viewer.admin else me
-        return StatusResponse(
-            state="running" if pipe.accepting else "stopped",
-            queues=self._queue_depths(),
-            active=self._active_counts(),
-            workers={s.value: n for s, n in pipe.workers.items()},
-            jobs=self.store.counts(),
-            sandboxes=self._sandboxes(),
-            poll_waiters=self.poll_waiters,
-            backends=[_backend_info(b) for b in self._backends()],
-            backend_waiting=self._backend_waiting(),
-            records=len(self.store),
-            pools=self.capacity.pools(),
-            sandbox_budget=self.capacity.budget(),
-            idle_sandbox_seconds=self.capacity.idle_sandbox_seconds(),
-            jit_waiting=pipe.jit.waiting,
-            autoscale=self.autoscaler is not None,
-            store=self.store.stats(),
-            sandbox_enforcement=self._enforcement(),
-            last_seq=self.store.log.last(me),
-            epoch=self.store.log.epoch,
-            tenants=tenant_infos(self.tenants, self.store.unfinished(), self.store.log, only),
-            callbacks=callbacks_info(self.config.callbacks.enabled, self.callbacks.summary()),
-            events=events_info(self.store.log),
-        )
+        return status_document(self, viewer)
 
-    def _enforcement(self) -> dict[str, str]:
-        runtime = self.shared.runtime
-        return {} if runtime is None else runtime.enforcement(self.config.sandbox_limits)
+    def task_names(self) -> list[str]:
+        return list(self.registry.names())
 
 
 _ID_BLOCK = 256
@@ -464,15 +635,4 @@ def _make_store(config: ServerConfig) -> JobStore:
         retention_s=config.retention_s,
         tombstone_s=config.tombstone_s,
         cache_bytes=config.result_cache_bytes,
-    )
-
-
-def _backend_info(b: dict[str, Any]) -> BackendInfo:
-    return BackendInfo(
-        address=b["address"],
-        inflight=b["inflight"],
-        assigned=b["assigned"],
-        healthy=b["healthy"],
-        weight_version=b.get("weight_version"),
-        max_model_len=b.get("max_model_len"),
     )
