@@ -493,7 +493,7 @@ def report(args: argparse.Namespace, best: dict[str, dict[str, float]]) -> None:
     p99 = dur["overhead_p99"] * 1e3
     print(
         f"p99 orchestration overhead, {args.inflight} in flight, sqlite: {p99:.2f} ms "
-        f"(memory {mem['overhead_p99'] * 1e3:.2f} ms; README's earlier figure 4.69 ms: "
+        f"(memory {mem['overhead_p99'] * 1e3:.2f} ms; docs/performance.md's 4.69 ms: "
         f"{p99 / 4.69:.2f}x); < 5 ms: {met(p99 < 5)}"
     )
     sub = dur["submit_p99"] / mem["submit_p99"]
