@@ -10,9 +10,9 @@ Each route's handler is wrapped once, when the app is built (``add_routes``), wi
 it needs decided then: whether its path is open, whether a tenant may call it. aiohttp
 middlewares would do the same per request, through a coroutine per middleware plus the
 one aiohttp adds to every app that has any: measured ~7 µs of server CPU a request,
-~4% of a single submit (README, seventh pass). A wrong method on a known path and an
-unknown path are answered by routes of their own, guarded the same way: 405 and 404 as
-problem+json, after the token check, as every other answer.
+~4% of a single submit (docs/performance.md, the request path). A wrong method on a
+known path and an unknown path are answered by routes of their own, guarded the same
+way: 405 and 404 as problem+json, after the token check, as every other answer.
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ _UNTOMB = "DELETE FROM tombstones WHERE id = ?"
 _encoder = msgspec.json.Encoder()
 # Statements in the open batch after which a finished job hands it to the writer at once
 # (see ``finished``): a result is one, its callback's outbox row another. 64 cut a wave of
-# 256 results into four commits (README, the request path's sixth pass).
+# 256 results into four commits (docs/performance.md, the request path).
 _FINISH_CHUNK = 64
 
 
