@@ -65,16 +65,20 @@ def tcp_connections(pid: int, port: int) -> int:
 
 
 @asynccontextmanager
-async def server(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[tuple[int, str]]:
+async def server(
+    *args: str, env: dict[str, str] | None = None, source: str | None = None
+) -> AsyncIterator[tuple[int, str]]:
     """A ``prorl-async serve`` process on a free port: yields (pid, base URL).
 
     Without ``--state-dir`` in ``args`` it gets a fresh temporary one (never the user's).
+    ``source``: a checkout whose ``prorl_async`` it runs (``python -m`` puts the working
+    directory first on the path), e.g. an earlier commit to compare against.
     """
     async with AsyncExitStack() as stack:
         if "--state-dir" not in args:
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="prorl-bench-"))
             args = (*args, "--state-dir", tmp)
-        async with _serve(*args, env=env) as out:
+        async with _serve(*args, env=env, cwd=source) as out:
             yield out
 
 
@@ -85,8 +89,10 @@ async def bare() -> AsyncIterator[tuple[int, str]]:
         yield out
 
 
-def _serve(*args: str, env: dict[str, str] | None) -> AbstractAsyncContextManager[tuple[int, str]]:
-    return _spawn(("-m", "prorl_async.cli", "serve", "--port", "0", *args), env=env)
+def _serve(
+    *args: str, env: dict[str, str] | None, cwd: str | None = None
+) -> AbstractAsyncContextManager[tuple[int, str]]:
+    return _spawn(("-m", "prorl_async.cli", "serve", "--port", "0", *args), env=env, cwd=cwd)
 
 
 @asynccontextmanager

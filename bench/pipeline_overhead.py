@@ -23,6 +23,10 @@ results. A last section retains 2,000 results of 32k tokens each and compares wr
 time, read time and server RSS.
 
     python bench/pipeline_overhead.py [--jobs 20000] [--inflight 256] [--pairs 25] [--large 2000]
+
+``--baseline DIR`` adds the memory and durable servers of another checkout (e.g. ``git
+worktree add DIR COMMIT``) to the paired rounds and prints each figure as this code's
+over the baseline's, paired: a change's cost measured side by side in one run.
 """
 
 from __future__ import annotations
@@ -241,12 +245,19 @@ async def paired(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     round's values of two servers are a pair)."""
     workers = ["--init-workers", "256", "--run-workers", "256", "--eval-workers", "256"]
     env = {"PRORL_RETENTION_S": str(args.retention)}
-    figs: dict[str, dict[str, list[float]]] = {name: {} for name in SERVERS}
+    names = _names(args)
+    figs: dict[str, dict[str, list[float]]] = {name: {} for name in names}
     async with AsyncExitStack() as stack:
         pids: dict[str, int] = {}
         clients: dict[str, RolloutClient] = {}
-        for name in SERVERS:
-            started = bare() if name == "bare" else server(*workers, "--store", name, env=env)
+        for name in names:
+            store, _, base = name.partition("@")
+            source = args.baseline if base else None
+            started = (
+                bare()
+                if name == "bare"
+                else server(*workers, "--store", store, env=env, source=source)
+            )
             pids[name], url = await stack.enter_async_context(started)
             clients[name] = await stack.enter_async_context(RolloutClient(url))
         for client in clients.values():
@@ -268,17 +279,36 @@ async def paired(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
 
         for phase in PAIRED:
             if phase == "held":
-                for name in STORES:
+                for name in [n for n in names if n != "bare"]:
                     await clients[name].set_workers(init=1)
                     await clients[name].submit("sleep", HELD)  # takes the one INIT worker
             for r in range(args.pairs):
-                for name in SERVERS[r % 3 :] + SERVERS[: r % 3]:
+                k = r % len(names)
+                for name in names[k:] + names[:k]:
                     for key, value in (await burst(name, phase)).items():
                         figs[name].setdefault(key, []).append(value)
-        for name in STORES:  # the held jobs were queued, not run: the phase measured that
+        for name in [n for n in names if n != "bare"]:  # held jobs queued, not run
             queued = (await clients[name].status())["queues"]["init"]
             assert queued >= args.pairs * args.pair_single, (name, queued)
     return figs
+
+
+def _names(args: argparse.Namespace) -> tuple[str, ...]:
+    """The servers of the paired rounds: bare, memory, sqlite (and ``STORE@base``: the
+    baseline checkout's)."""
+    if args.baseline is None:
+        return SERVERS
+    return (*SERVERS, *(f"{store}@base" for store in STORES))
+
+
+def baseline_report(figs: dict[str, dict[str, list[float]]]) -> None:
+    """This code over the baseline's, per store and figure (paired medians; >1 is faster,
+    except CPU per job, where >1 costs more)."""
+    print("\nthis checkout / baseline (paired median, 90% bootstrap interval):")
+    for store in STORES:
+        for key in sorted(figs[store]):
+            ratios = paired_ratios(figs, store, f"{store}@base", key)
+            print(f"  {store:<7} {key:<8} {statistics.median(ratios):.3f} {interval(ratios)}")
 
 
 def paired_ratios(
@@ -435,11 +465,16 @@ async def main() -> None:
     ap.add_argument("--large", type=int, default=2_000)
     ap.add_argument("--rounds", type=int, default=1, help="detail passes per server (best kept)")
     ap.add_argument("--pairs", type=int, default=25, help="paired rounds per phase (0: none)")
+    ap.add_argument("--baseline", help="a checkout to compare against, paired (see above)")
     ap.add_argument("--pair-single", type=int, default=2_000, help="single submits per burst")
     ap.add_argument("--pair-jobs", type=int, default=5_000, help="jobs per end-to-end burst")
     args = ap.parse_args()
     if args.pairs:
-        paired_report(args, await paired(args))
+        figs = await paired(args)
+        paired_report(args, figs)
+        if args.baseline is not None:
+            baseline_report(figs)
+            return  # a comparison: the detail passes below describe one checkout
         print()
     shown: dict[str, dict[str, str]] = {}
     best: dict[str, dict[str, float]] = {}
