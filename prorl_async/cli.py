@@ -64,58 +64,136 @@ def _listen_flags(g: argparse._ArgumentGroup, d: ServerConfig) -> None:
     add("--config", metavar="FILE", help="TOML file of ServerConfig fields (default: none)")
     add("--host", metavar="ADDR", help=f"bind address (default {d.host})")
     add("--port", type=int, help=f"port; 0 picks a free one (default {d.port})")
-    add("--port-file", metavar="FILE", help="write the bound port here once listening "
-        "(default: none)")  # fmt: skip
-    add("--token-file", metavar="FILE", help="require 'Authorization: Bearer TOKEN', TOKEN "
-        "read from this file (default: $PRORL_TOKEN if set, else no token)")  # fmt: skip
+    add(
+        "--port-file",
+        metavar="FILE",
+        help="write the bound port here once listening (default: none)",
+    )
+    add(
+        "--token-file",
+        metavar="FILE",
+        help="require 'Authorization: Bearer TOKEN', TOKEN "
+        "read from this file (default: $PRORL_TOKEN if set, else no token)",
+    )
     add("--token", help="the token itself; shows in ps, prefer --token-file (default: none)")
-    add("--tokens-file", metavar="FILE", help="TOML file (mode 600) of [tenants.NAME] tables: "
-        "token, max_inflight, weight, admin (default: none)")  # fmt: skip
-    add("--read-timeout-s", type=float, metavar="S", help="a request's headers and body must "
-        f"arrive within this many seconds (default {d.read_timeout_s:g})")  # fmt: skip
-    add("--keepalive-s", type=float, metavar="S", help="close idle keep-alive connections "
-        f"after this many seconds (default {d.keepalive_s:g})")  # fmt: skip
-    add("--max-connections", type=int, metavar="N",
-        help=f"open connections at once (default {d.max_connections})")  # fmt: skip
-    add("--log-level", type=str.lower, choices=LOG_LEVELS,
+    add(
+        "--tokens-file",
+        metavar="FILE",
+        help="TOML file (mode 600) of [tenants.NAME] tables: "
+        "token, max_inflight, weight, admin (default: none)",
+    )
+    add(
+        "--read-timeout-s",
+        type=float,
+        metavar="S",
+        help="a request's headers and body must "
+        f"arrive within this many seconds (default {d.read_timeout_s:g})",
+    )
+    add(
+        "--keepalive-s",
+        type=float,
+        metavar="S",
+        help="close idle keep-alive connections "
+        f"after this many seconds (default {d.keepalive_s:g})",
+    )
+    add(
+        "--max-connections",
+        type=int,
+        metavar="N",
+        help=f"open connections at once (default {d.max_connections})",
+    )
+    add(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
         help=f"log messages of this level and above: {', '.join(LOG_LEVELS)} "
-        f"(default {d.log_level})")  # fmt: skip
+        f"(default {d.log_level})",
+    )
 
 
 def _pipeline_flags(g: argparse._ArgumentGroup, d: ServerConfig) -> None:
     add = g.add_argument
-    for stage, what in (("init", "start sandboxes and tools"), ("run", "run agent loops"),
-                        ("eval", "score")):  # fmt: skip
+    for stage, what in (
+        ("init", "start sandboxes and tools"),
+        ("run", "run agent loops"),
+        ("eval", "score"),
+    ):
         default = getattr(d, f"{stage}_workers")
-        add(f"--{stage}-workers", type=int, metavar="N", help=f"{stage.upper()} stage "
-            f"workers: jobs that {what} at once (default {default})")  # fmt: skip
-    add("--autoscale", action="store_true", default=None, help="set stage workers from load; "
-        "bounds in [autoscaling] of --config (default: off)")  # fmt: skip
+        add(
+            f"--{stage}-workers",
+            type=int,
+            metavar="N",
+            help=f"{stage.upper()} stage workers: jobs that {what} at once (default {default})",
+        )
+    add(
+        "--autoscale",
+        action="store_true",
+        default=None,
+        help="set stage workers from load; bounds in [autoscaling] of --config (default: off)",
+    )
     add("--state-dir", metavar="DIR", help=f"where the server writes (default {d.state_dir})")
-    add("--store", choices=STORES, help="job store: sqlite (durable, in --state-dir) or "
-        f"memory (lost on exit) (default {d.store})")  # fmt: skip
-    add("--on-restart", choices=ON_RESTART, help="jobs a dead server accepted and never "
-        f"finished: requeue (run them again) or fail them (default {d.on_restart})")  # fmt: skip
-    add("--retention-s", type=float, metavar="S",
-        help=f"seconds finished results are kept (default {d.retention_s:g})")  # fmt: skip
-    add("--reset-state", action="store_true", default=None, help="move an unreadable job "
+    add(
+        "--store",
+        choices=STORES,
+        help="job store: sqlite (durable, in --state-dir) or "
+        f"memory (lost on exit) (default {d.store})",
+    )
+    add(
+        "--on-restart",
+        choices=ON_RESTART,
+        help="jobs a dead server accepted and never "
+        f"finished: requeue (run them again) or fail them (default {d.on_restart})",
+    )
+    add(
+        "--retention-s",
+        type=float,
+        metavar="S",
+        help=f"seconds finished results are kept (default {d.retention_s:g})",
+    )
+    add(
+        "--reset-state",
+        action="store_true",
+        default=None,
+        help="move an unreadable job "
         "database aside (renamed with a timestamp) and start (default: refuse to start, "
-        "naming the file)")  # fmt: skip
+        "naming the file)",
+    )
 
 
 def _llm_sandbox_flags(g: argparse._ArgumentGroup, d: ServerConfig) -> None:
     add = g.add_argument
-    add("--tokenizer", metavar="DIR", help="Hugging Face tokenizer directory of the model "
-        "(default: the bundled demo vocabulary)")  # fmt: skip
-    add("--max-model-len", type=int, metavar="N", help="context tokens a job may use; an "
-        f"engine's own window caps it further (default {d.max_model_len})")  # fmt: skip
-    add("--runtime", choices=RUNTIMES, help="sandbox runtime: auto (bwrap where it works, "
+    add(
+        "--tokenizer",
+        metavar="DIR",
+        help="Hugging Face tokenizer directory of the model (default: the bundled demo vocabulary)",
+    )
+    add(
+        "--max-model-len",
+        type=int,
+        metavar="N",
+        help="context tokens a job may use; an "
+        f"engine's own window caps it further (default {d.max_model_len})",
+    )
+    add(
+        "--runtime",
+        choices=RUNTIMES,
+        help="sandbox runtime: auto (bwrap where it works, "
         "else local), bwrap, apptainer (.sif images) or local (plain processes, no "
-        f"isolation) (default {d.runtime})")  # fmt: skip
-    add("--max-sandboxes", type=int, metavar="N", help="live sandboxes at most (default: "
-        "physical memory / per-sandbox memory limit, at least 8)")  # fmt: skip
-    add("--warm-sandboxes", type=int, metavar="N",
-        help=f"sandboxes kept started ahead (default {d.warm_sandboxes})")  # fmt: skip
+        f"isolation) (default {d.runtime})",
+    )
+    add(
+        "--max-sandboxes",
+        type=int,
+        metavar="N",
+        help="live sandboxes at most (default: "
+        "physical memory / per-sandbox memory limit, at least 8)",
+    )
+    add(
+        "--warm-sandboxes",
+        type=int,
+        metavar="N",
+        help=f"sandboxes kept started ahead (default {d.warm_sandboxes})",
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -30,12 +30,18 @@ async def _run(coro: Any) -> web.Response:
         if exc.status == 422:
             raise Unprocessable(exc.detail) from None
         # problem+json with the operation's own answer as extension members
-        problem = {"type": "about:blank", "title": "Bad Gateway", "status": exc.status,
-                   "detail": exc.detail, **exc.body}  # fmt: skip
+        problem = {
+            "type": "about:blank",
+            "title": "Bad Gateway",
+            "status": exc.status,
+            "detail": exc.detail,
+            **exc.body,
+        }
         return web.Response(
-            body=_encoder.encode(problem), status=exc.status,
+            body=_encoder.encode(problem),
+            status=exc.status,
             content_type="application/problem+json",
-        )  # fmt: skip
+        )
 
 
 @weight_routes.get("/weights")

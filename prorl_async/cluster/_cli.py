@@ -39,8 +39,11 @@ The assignment rule, and the pieces the Slurm launcher (deploy/slurm) runs:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``cluster`` subcommands and their flags."""
-    p = argparse.ArgumentParser(prog="prorl-async cluster", description=_DESCRIPTION,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        prog="prorl-async cluster",
+        description=_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="command", required=True)
     a = sub.add_parser("assign", help="assign LLM backends to rollout servers (JSON in/out)")
     a.add_argument("--file", help="cluster document (default: stdin)")
@@ -51,42 +54,87 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _node_parser(n: argparse.ArgumentParser) -> None:
     env = os.environ.get
-    n.add_argument("--role", choices=("server", "llm"), required=True,
-                   help="server: rollout servers (prorl-async serve); llm: LLM servers "
-                   "started from --llm-cmd")  # fmt: skip
-    n.add_argument("--run-dir", type=Path, required=True,
-                   help="shared directory for addresses, logs and cluster.json")  # fmt: skip
+    n.add_argument(
+        "--role",
+        choices=("server", "llm"),
+        required=True,
+        help="server: rollout servers (prorl-async serve); llm: LLM servers started from --llm-cmd",
+    )
+    n.add_argument(
+        "--run-dir",
+        type=Path,
+        required=True,
+        help="shared directory for addresses, logs and cluster.json",
+    )
     n.add_argument("--count", type=int, required=True, help="processes on this node")
-    n.add_argument("--node", default=env("SLURMD_NODENAME"),
-                   help="this node's Slurm name (default $SLURMD_NODENAME)")  # fmt: skip
+    n.add_argument(
+        "--node",
+        default=env("SLURMD_NODENAME"),
+        help="this node's Slurm name (default $SLURMD_NODENAME)",
+    )
     n.add_argument("--addr", help="bind address (default: the node's Slurm NodeAddr)")
-    n.add_argument("--state-root", type=Path, help="node-local dir for server state dirs "
-                   "(required with --role server; default: none)")  # fmt: skip
-    n.add_argument("--server-args", default=env("PRORL_SERVER_ARGS", ""),
-                   help="extra prorl-async serve flags (default $PRORL_SERVER_ARGS)")  # fmt: skip
-    n.add_argument("--llm-cmd", default=env("PRORL_LLM_CMD", ""),
-                   help="LLM server command line with {host} {port} {gpu} placeholders "
-                   "(required with --role llm; default $PRORL_LLM_CMD)")  # fmt: skip
-    n.add_argument("--grace-s", type=float, default=30.0,
-                   help="seconds from SIGTERM to SIGKILL at stop (default 30)")  # fmt: skip
+    n.add_argument(
+        "--state-root",
+        type=Path,
+        help="node-local dir for server state dirs (required with --role server; default: none)",
+    )
+    n.add_argument(
+        "--server-args",
+        default=env("PRORL_SERVER_ARGS", ""),
+        help="extra prorl-async serve flags (default $PRORL_SERVER_ARGS)",
+    )
+    n.add_argument(
+        "--llm-cmd",
+        default=env("PRORL_LLM_CMD", ""),
+        help="LLM server command line with {host} {port} {gpu} placeholders "
+        "(required with --role llm; default $PRORL_LLM_CMD)",
+    )
+    n.add_argument(
+        "--grace-s",
+        type=float,
+        default=30.0,
+        help="seconds from SIGTERM to SIGKILL at stop (default 30)",
+    )
 
 
 def _bringup_parser(b: argparse.ArgumentParser) -> None:
-    b.add_argument("--run-dir", type=Path, required=True,
-                   help="shared directory the node steps write their addresses to")  # fmt: skip
+    b.add_argument(
+        "--run-dir",
+        type=Path,
+        required=True,
+        help="shared directory the node steps write their addresses to",
+    )
     b.add_argument("--servers", type=int, required=True, help="rollout servers expected")
     b.add_argument("--llms", type=int, required=True, help="LLM servers expected")
-    b.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds until all must be healthy (default 600)")  # fmt: skip
-    b.add_argument("--weight-version", default="0",
-                   help="weight version the LLMs are registered with (default 0)")  # fmt: skip
-    b.add_argument("--api", choices=("vllm", "sglang"), default="vllm",
-                   help="LLM servers speak vllm (/v1) or sglang (default vllm)")  # fmt: skip
-    b.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID", ""),
-                   help="Slurm job id written to cluster.json (default $SLURM_JOB_ID)")  # fmt: skip
-    b.add_argument("--watch-pid", type=int, action="append", default=[],
-                   help="fail if this process (a launcher step) ends first; repeatable "
-                   "(default: none)")  # fmt: skip
+    b.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds until all must be healthy (default 600)",
+    )
+    b.add_argument(
+        "--weight-version",
+        default="0",
+        help="weight version the LLMs are registered with (default 0)",
+    )
+    b.add_argument(
+        "--api",
+        choices=("vllm", "sglang"),
+        default="vllm",
+        help="LLM servers speak vllm (/v1) or sglang (default vllm)",
+    )
+    b.add_argument(
+        "--job-id",
+        default=os.environ.get("SLURM_JOB_ID", ""),
+        help="Slurm job id written to cluster.json (default $SLURM_JOB_ID)",
+    )
+    b.add_argument(
+        "--watch-pid",
+        type=int,
+        action="append",
+        default=[],
+        help="fail if this process (a launcher step) ends first; repeatable (default: none)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -120,15 +168,25 @@ def _node(args: argparse.Namespace) -> int:
     if args.role == "server":
         if args.state_root is None:
             raise ValueError("--state-root is required for --role server")
-        children = server_children(node=args.node, addr=addr, count=args.count,
-                                   run_dir=args.run_dir, state_root=args.state_root,
-                                   extra_args=args.server_args)  # fmt: skip
+        children = server_children(
+            node=args.node,
+            addr=addr,
+            count=args.count,
+            run_dir=args.run_dir,
+            state_root=args.state_root,
+            extra_args=args.server_args,
+        )
     else:
         if not args.llm_cmd:
             raise ValueError("--llm-cmd (or PRORL_LLM_CMD) is empty")
-        children = llm_children(node=args.node, addr=addr, count=args.count,
-                                run_dir=args.run_dir, template=args.llm_cmd,
-                                gpus=node_gpus(os.environ))  # fmt: skip
+        children = llm_children(
+            node=args.node,
+            addr=addr,
+            count=args.count,
+            run_dir=args.run_dir,
+            template=args.llm_cmd,
+            gpus=node_gpus(os.environ),
+        )
     return asyncio.run(_run_node(NodeChildren(children, args.run_dir, args.grace_s)))
 
 
@@ -166,11 +224,20 @@ async def _run_node(children: NodeChildren) -> int:
 def _bringup(args: argparse.Namespace) -> int:
     raw = args.weight_version
     version: int | str = int(raw) if raw.isdigit() else raw
-    cfg = BringUp(run_dir=args.run_dir, servers=args.servers, llms=args.llms,
-                  timeout_s=args.timeout, weight_version=version, api=args.api,
-                  slurm_job_id=args.job_id, watch_pids=tuple(args.watch_pid),
-                  token=token_from_env())  # fmt: skip
+    cfg = BringUp(
+        run_dir=args.run_dir,
+        servers=args.servers,
+        llms=args.llms,
+        timeout_s=args.timeout,
+        weight_version=version,
+        api=args.api,
+        slurm_job_id=args.job_id,
+        watch_pids=tuple(args.watch_pid),
+        token=token_from_env(),
+    )
     spec = asyncio.run(bring_up(cfg))
-    sys.stdout.write(f"cluster up: {len(spec.servers)} servers, {len(spec.llms)} LLMs, "
-                     f"{cfg.run_dir / 'cluster.json'}\n")  # fmt: skip
+    sys.stdout.write(
+        f"cluster up: {len(spec.servers)} servers, {len(spec.llms)} LLMs, "
+        f"{cfg.run_dir / 'cluster.json'}\n"
+    )
     return 0

@@ -38,8 +38,10 @@ def assign(servers: Sequence[ServerEntry], llms: Sequence[LLMEntry]) -> dict[str
 
 
 def _check_unique(servers: Sequence[ServerEntry], llms: Sequence[LLMEntry]) -> None:
-    for kind, names in (("server url", [s.url for s in servers]),
-                        ("LLM address", [m.address for m in llms])):  # fmt: skip
+    for kind, names in (
+        ("server url", [s.url for s in servers]),
+        ("LLM address", [m.address for m in llms]),
+    ):
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise ValueError(f"duplicate {kind}(s): {', '.join(dup)}")

@@ -59,8 +59,12 @@ async def bring_up(cfg: BringUp) -> ClusterSpec:
     """Wait until everything is healthy, then assign, register and write ``cluster.json``."""
     async with aiohttp.ClientSession() as session:
         servers, llms = await _wait_healthy(cfg, session)
-        spec = ClusterSpec(servers=servers, llms=llms, assignment=assign(servers, llms),
-                           slurm_job_id=cfg.slurm_job_id)  # fmt: skip
+        spec = ClusterSpec(
+            servers=servers,
+            llms=llms,
+            assignment=assign(servers, llms),
+            slurm_job_id=cfg.slurm_job_id,
+        )
         await _register(cfg, spec, session)
     dump_spec(spec, cfg.run_dir / "cluster.json")
     return spec
@@ -134,8 +138,10 @@ async def _answers(url: str, session: aiohttp.ClientSession) -> bool:
 def _timeout_report(
     cfg: BringUp, servers: list[ServerEntry], llms: list[LLMEntry], healthy: set[str]
 ) -> str:
-    lines = [f"not up after {cfg.timeout_s:g} s: {len(servers)}/{cfg.servers} servers and "
-             f"{len(llms)}/{cfg.llms} LLMs announced, {len(healthy)} healthy"]  # fmt: skip
+    lines = [
+        f"not up after {cfg.timeout_s:g} s: {len(servers)}/{cfg.servers} servers and "
+        f"{len(llms)}/{cfg.llms} LLMs announced, {len(healthy)} healthy"
+    ]
     for log in sorted((cfg.run_dir / "logs").glob("*.log")):
         lines.append(f"--- last lines of {log}:\n{log_tail(log, 10)}")
     return "\n".join(lines)

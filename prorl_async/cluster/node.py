@@ -65,11 +65,32 @@ def server_children(
     for i in range(count):
         name = f"server-{node}-{i}"
         port_file = run_dir / "cluster.d" / f"{name}.port"
-        argv = [sys.executable, "-m", "prorl_async.cli", "serve", "--host", addr, "--port", "0",
-                "--port-file", str(port_file), "--state-dir", str(state_root / name),
-                *shlex.split(extra_args)]  # fmt: skip
-        out.append(Child(name, argv, run_dir / "logs" / f"{name}.log", node,
-                         port_file=port_file, state_dir=state_root / name, host=addr))  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "prorl_async.cli",
+            "serve",
+            "--host",
+            addr,
+            "--port",
+            "0",
+            "--port-file",
+            str(port_file),
+            "--state-dir",
+            str(state_root / name),
+            *shlex.split(extra_args),
+        ]
+        out.append(
+            Child(
+                name,
+                argv,
+                run_dir / "logs" / f"{name}.log",
+                node,
+                port_file=port_file,
+                state_dir=state_root / name,
+                host=addr,
+            )
+        )
     return out
 
 
@@ -90,8 +111,9 @@ def llm_children(
             raise ValueError(f"PRORL_LLM_CMD {template!r}: {exc!r} ({hint})") from exc
         env = {"CUDA_VISIBLE_DEVICES": gpu} if share else {}
         address = f"http://{_url_host(addr)}:{port}/v1"
-        out.append(Child(name, argv, run_dir / "logs" / f"{name}.log", node, env=env,
-                         address=address))  # fmt: skip
+        out.append(
+            Child(name, argv, run_dir / "logs" / f"{name}.log", node, env=env, address=address)
+        )
     return out
 
 
@@ -124,8 +146,9 @@ def free_ports(addr: str, count: int) -> list[int]:
     """``count`` distinct ports free on ``addr`` now (held together so they differ)."""
     family = socket.getaddrinfo(addr.strip("[]"), 0, type=socket.SOCK_STREAM)[0][0]
     with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
-                 for _ in range(count)]  # fmt: skip
+        socks = [
+            stack.enter_context(socket.socket(family, socket.SOCK_STREAM)) for _ in range(count)
+        ]
         for s in socks:
             s.bind((addr.strip("[]"), 0))
         return [int(s.getsockname()[1]) for s in socks]
@@ -164,9 +187,13 @@ class NodeChildren(AsyncResource):
         with open(child.log, "ab") as log:  # noqa: ASYNC230
             try:
                 return await asyncio.create_subprocess_exec(
-                    *child.argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                    env={**os.environ, **child.env}, start_new_session=True,
-                )  # fmt: skip
+                    *child.argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=log,
+                    env={**os.environ, **child.env},
+                    start_new_session=True,
+                )
             except OSError as exc:
                 log.write(f"cannot start {child.argv[0]!r}: {exc}\n".encode())
                 raise ValueError(f"{child.name}: cannot start {child.argv[0]!r}: {exc}") from exc

@@ -82,10 +82,26 @@ class Backend:
     """One registered engine server and its live routing counters."""
 
     __slots__ = (
-        "address", "api", "weight_version", "max_inflight", "weight", "model", "max_model_len",
-        "inflight", "assigned", "healthy", "failures", "probe_failures", "open_calls",
-        "paused", "resumed", "idle", "weights_path", "loaded_at", "last_load_s",
-    )  # fmt: skip
+        "address",
+        "api",
+        "weight_version",
+        "max_inflight",
+        "weight",
+        "model",
+        "max_model_len",
+        "inflight",
+        "assigned",
+        "healthy",
+        "failures",
+        "probe_failures",
+        "open_calls",
+        "paused",
+        "resumed",
+        "idle",
+        "weights_path",
+        "loaded_at",
+        "last_load_s",
+    )
 
     def __init__(self, address: str, *, api: EngineApi = "vllm") -> None:
         _check_address(address)

@@ -374,15 +374,26 @@ async def complete(
     """Dispatch to the client for ``api``; vLLM needs ``model`` (see :func:`fetch_model`)."""
     if api == "sglang":
         return await complete_sglang(
-            session, address, prompt_ids, max_tokens, sampling,
-            timeout_s=timeout_s, weight_version=weight_version,
-        )  # fmt: skip
+            session,
+            address,
+            prompt_ids,
+            max_tokens,
+            sampling,
+            timeout_s=timeout_s,
+            weight_version=weight_version,
+        )
     if model is None:
         raise ValueError("a vLLM completion needs a model name")
     return await complete_vllm(
-        session, address, model, prompt_ids, max_tokens, sampling,
-        timeout_s=timeout_s, weight_version=weight_version,
-    )  # fmt: skip
+        session,
+        address,
+        model,
+        prompt_ids,
+        max_tokens,
+        sampling,
+        timeout_s=timeout_s,
+        weight_version=weight_version,
+    )
 
 
 # -- weight updates (vLLM dev mode, VLLM_SERVER_DEV_MODE=1; SGLang's own routes) ----------
@@ -418,15 +429,19 @@ def _dropped(cause: BaseException | None) -> bool:
 
 
 async def engine_pause(
-    session: aiohttp.ClientSession, api: EngineApi, address: str, mode: str,
+    session: aiohttp.ClientSession,
+    api: EngineApi,
+    address: str,
+    mode: str,
     timeout_s: float | None,
-) -> None:  # fmt: skip
+) -> None:
     """Pause generation natively: ``abort`` ends in-flight requests (they return what they
     made), ``keep`` freezes them, ``wait`` (vLLM) returns once they have finished."""
     if api == "sglang":
         if mode in _SGLANG_PAUSE:
-            await _admin(session, address, "/pause_generation", {"mode": _SGLANG_PAUSE[mode]},
-                         timeout_s)  # fmt: skip
+            await _admin(
+                session, address, "/pause_generation", {"mode": _SGLANG_PAUSE[mode]}, timeout_s
+            )
         return  # "wait": the pool stops sending and waits for its calls itself
     await _admin(session, address, f"/pause?mode={mode}", None, timeout_s)
 
@@ -439,14 +454,22 @@ async def engine_resume(
 
 
 async def engine_reload(
-    session: aiohttp.ClientSession, api: EngineApi, address: str, path: str,
-    version: int | str, timeout_s: float | None,
-) -> None:  # fmt: skip
+    session: aiohttp.ClientSession,
+    api: EngineApi,
+    address: str,
+    path: str,
+    version: int | str,
+    timeout_s: float | None,
+) -> None:
     """Load the checkpoint directory ``path`` in place, then drop the prefix cache (its
     keys were computed by the old weights)."""
     if api == "sglang":
-        body = {"model_path": path, "weight_version": str(version),
-                "abort_all_requests": False, "flush_cache": True}  # fmt: skip
+        body = {
+            "model_path": path,
+            "weight_version": str(version),
+            "abort_all_requests": False,
+            "flush_cache": True,
+        }
         answer = await _admin(session, address, "/update_weights_from_disk", body, timeout_s)
         if isinstance(answer, dict) and answer.get("success") is False:
             raise EngineRejected(address, 400, str(answer.get("message", answer))[:500])
@@ -457,9 +480,12 @@ async def engine_reload(
 
 
 async def engine_set_version(
-    session: aiohttp.ClientSession, api: EngineApi, address: str, version: int | str,
+    session: aiohttp.ClientSession,
+    api: EngineApi,
+    address: str,
+    version: int | str,
     timeout_s: float | None,
-) -> None:  # fmt: skip
+) -> None:
     """Tell the engine its weight version (what it reports in ``/weight_info``)."""
     body: dict[str, Any] = {"new_version": str(version)}
     if api == "sglang":

@@ -188,9 +188,12 @@ class BackendPool:
         """Register a backend, or update it (and mark it healthy) if the address is known."""
         b = self._backends.get(address) or Backend(address, api=api)
         b.configure(
-            api=api, weight_version=weight_version, max_inflight=max_inflight,
-            weight=weight, model=model or self.config.model,
-        )  # fmt: skip
+            api=api,
+            weight_version=weight_version,
+            max_inflight=max_inflight,
+            weight=weight,
+            model=model or self.config.model,
+        )
         self._backends.setdefault(address, b)
         self._dispatch()
         return b
@@ -210,9 +213,13 @@ class BackendPool:
         Backend(address, api=api)  # validates the address before any request
         info = await self._model_info(address, api)
         b = self.add(
-            address, api=api, weight_version=weight_version, max_inflight=max_inflight,
-            weight=weight, model=model or info.model,
-        )  # fmt: skip
+            address,
+            api=api,
+            weight_version=weight_version,
+            max_inflight=max_inflight,
+            weight=weight,
+            model=model or info.model,
+        )
         b.max_model_len = info.max_model_len
         if info.root is not None and b.weights_path is None:
             b.weights_path = info.root
@@ -423,9 +430,15 @@ class BackendPool:
                 self._attention.set()
                 try:
                     gen = await complete(
-                        self._session, b.api, b.address, prompt_ids, max_tokens, sampling,
-                        model=b.model, timeout_s=timeout,
-                    )  # fmt: skip
+                        self._session,
+                        b.api,
+                        b.address,
+                        prompt_ids,
+                        max_tokens,
+                        sampling,
+                        model=b.model,
+                        timeout_s=timeout,
+                    )
                 finally:
                     b.open_calls.pop(stall, None)
                     if not b.open_calls:
@@ -472,8 +485,12 @@ class BackendPool:
             self._mark_unhealthy(b, f"{b.failures} calls in a row failed")
 
     def _mark_unhealthy(self, b: Backend, why: str) -> None:
-        log.warning("LLM backend %s marked unhealthy: %s; probing %s/health", b.address, why,
-                    server_root(b.address))  # fmt: skip
+        log.warning(
+            "LLM backend %s marked unhealthy: %s; probing %s/health",
+            b.address,
+            why,
+            server_root(b.address),
+        )
         b.healthy = False
         self._attention.set()
 
@@ -553,8 +570,9 @@ class _Turn:
         at = len(self.ids)
         for seg in gen.segment_list():
             if seg.end > seg.start:
-                self.segments.append(msgspec.structs.replace(seg, start=seg.start + at,
-                                                             end=seg.end + at))  # fmt: skip
+                self.segments.append(
+                    msgspec.structs.replace(seg, start=seg.start + at, end=seg.end + at)
+                )
         self.ids.extend(gen.token_ids)
         self.logprobs.extend(gen.logprobs)
         self.clamped += gen.clamped
@@ -565,9 +583,14 @@ class _Turn:
         if len(self.ids) == len(last.token_ids) and finish == last.finish_reason:
             return last  # one uninterrupted call: its own Generation
         return Generation(
-            self.ids, self.logprobs, finish, last.backend, last.weight_version,
-            self.clamped, self.segments,
-        )  # fmt: skip
+            self.ids,
+            self.logprobs,
+            finish,
+            last.backend,
+            last.weight_version,
+            self.clamped,
+            self.segments,
+        )
 
 
 async def _wait_cancelled(task: asyncio.Task[None]) -> None:

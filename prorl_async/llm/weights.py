@@ -45,10 +45,17 @@ __all__ = ["PauseMode", "WeightsError", "WeightUpdates", "checkpoint_problem"]
 PauseMode = Literal["abort", "keep", "wait"]
 # Architecture fields a checkpoint must share with what an engine serves.
 _SHAPE = (
-    "model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
+    "model_type",
+    "architectures",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "intermediate_size",
     "tie_word_embeddings",
-)  # fmt: skip
+)
 _ADMIN_TIMEOUT_S = 60.0
 _LOAD_TIMEOUT_S = 600.0
 

@@ -103,10 +103,13 @@ class MemoryOutbox:
         if row is None:
             return None
         return CallbackInfo(
-            job_id=job_id, url=row.url, state=cast(Any, row.state), attempts=row.attempts,
+            job_id=job_id,
+            url=row.url,
+            state=cast(Any, row.state),
+            attempts=row.attempts,
             last_error=row.last_error,
             next_attempt_at=row.next_at if row.state == "pending" else None,
-        )  # fmt: skip
+        )
 
     def counts(self) -> dict[str, int]:
         return {"pending": self._counts["pending"]}

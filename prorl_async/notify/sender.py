@@ -227,8 +227,15 @@ class CallbackSender:
         if state != "pending":
             self.stats[state] += 1
             level = logging.DEBUG if state == "delivered" else logging.WARNING
-            log.log(level, "callback of job %s to %s %s after %d attempts (%s)",
-                    d.job_id, d.url, state, attempts, error or "ok")  # fmt: skip
+            log.log(
+                level,
+                "callback of job %s to %s %s after %d attempts (%s)",
+                d.job_id,
+                d.url,
+                state,
+                attempts,
+                error or "ok",
+            )
         self.outbox.settle(d.job_id, state=state, attempts=attempts, next_at=next_at, error=error)
 
     async def _post(self, d: Delivery, body: bytes, attempt: int) -> tuple[str | None, bool]:

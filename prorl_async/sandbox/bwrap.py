@@ -42,11 +42,12 @@ from prorl_async.sandbox.spec import RuntimeConfig, SandboxSpec
 __all__ = ["BwrapRuntime", "bwrap_problem", "find_bwrap", "python_roots"]
 
 # Programs need these /etc entries (users, name resolution, TLS roots, the dynamic loader).
-_ETC = ("passwd", "group", "hosts", "resolv.conf", "nsswitch.conf", "host.conf", "ssl",
-        "ca-certificates", "ca-certificates.conf", "pki", "ld.so.cache", "ld.so.conf",
-        "ld.so.conf.d", "localtime", "timezone", "alternatives", "protocols", "services",
-        "mime.types", "os-release", "debian_version", "bash.bashrc", "inputrc",
-        "gai.conf")  # fmt: skip
+_ETC = tuple(
+    """passwd group hosts resolv.conf nsswitch.conf host.conf ssl ca-certificates
+    ca-certificates.conf pki ld.so.cache ld.so.conf ld.so.conf.d localtime timezone
+    alternatives protocols services mime.types os-release debian_version bash.bashrc
+    inputrc gai.conf""".split()
+)
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin")
 _SETPRIV_CAPS = ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP")
 
@@ -65,8 +66,8 @@ def find_bwrap(explicit: str | None = None) -> str | None:
 
 @cache
 def _probe(binary: str) -> str | None:
-    argv = [binary, "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--proc", "/proc",
-            "--dev", "/dev", "true"]  # fmt: skip
+    argv = [binary, *"--unshare-all --die-with-parent --ro-bind / / --proc /proc".split()]
+    argv += ["--dev", "/dev", "true"]
     try:
         done = subprocess.run(argv, capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -127,9 +128,15 @@ def python_roots(python: str, *, never: tuple[str, ...] = ()) -> list[str]:
     """
     checkout = package_root()
     real = os.path.realpath(python)
-    roots = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, checkout,
-             os.path.dirname(os.path.dirname(os.path.abspath(python))),
-             os.path.dirname(os.path.dirname(real))}  # fmt: skip
+    roots = {
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        checkout,
+        os.path.dirname(os.path.dirname(os.path.abspath(python))),
+        os.path.dirname(os.path.dirname(real)),
+    }
     roots.update(p for p in sys.path if p and os.path.isabs(p))
     keep: list[str] = []
     for path in sorted({os.path.realpath(r) for r in roots}):
@@ -196,9 +203,17 @@ class BwrapRuntime(Runtime):
         sb.attach_helper(proc)
 
     def _namespaces(self, spec: SandboxSpec) -> list[str]:
-        args = ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-net",
-                "--unshare-cgroup-try", "--die-with-parent", "--new-session",
-                "--cap-drop", "ALL"]  # fmt: skip
+        args = [
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-net",
+            "--unshare-cgroup-try",
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+        ]
         if self.drops_root:
             # Kept only for setpriv, which drops them with root before anything untrusted runs.
             for cap in _SETPRIV_CAPS:
@@ -213,8 +228,16 @@ class BwrapRuntime(Runtime):
         if not self.drops_root:
             return []
         uid, gid = self.config.sandbox_uid, self.config.sandbox_gid
-        argv = ["setpriv", f"--reuid={uid}", f"--regid={gid}", "--clear-groups",
-                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]  # fmt: skip
+        argv = [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={gid}",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
         if spec.fakeroot:
             argv += ["unshare", "--user", "--map-root-user", "--"]
         return argv
@@ -223,15 +246,13 @@ class BwrapRuntime(Runtime):
         tmp = ["--bind", str(layout.tmp), "/tmp"]
         if spec.limits.disk_bytes is not None and not os.path.ismount(layout.root):
             tmp = ["--perms", "1777", "--size", str(spec.limits.disk_bytes), "--tmpfs", "/tmp"]
-        args = [*_system_binds(), "--tmpfs", "/sys", "--proc", "/proc", "--dev", "/dev", *tmp,
-                "--dir", "/run"]  # fmt: skip
+        args = [*_system_binds(), *"--tmpfs /sys --proc /proc --dev /dev".split()]
+        args += [*tmp, "--dir", "/run"]
         # After /tmp: a CI checkout or venv under /tmp must not be hidden by the private /tmp.
         for path in (*self.python_roots, *self.config.extra_binds):
             args += [*_parents(path), "--ro-bind", path, path]
         for path in self.config.hide_paths:
             args += ["--tmpfs", path]
-        return args + [
-            "--bind", str(layout.workspace), layout.inner_workspace,
-            "--bind", str(layout.socket_dir), layout.inner_socket_dir,
-            "--remount-ro", "/",
-        ]  # fmt: skip
+        args += ["--bind", str(layout.workspace), layout.inner_workspace]
+        args += ["--bind", str(layout.socket_dir), layout.inner_socket_dir]
+        return [*args, "--remount-ro", "/"]

@@ -232,9 +232,14 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 0
         result = build_image(
-            args.template, args.mode, lockfile=args.lockfile, cache_dir=args.cache_dir,
-            base=args.base, apptainer=args.apptainer, templates_dir=args.templates_dir,
-        )  # fmt: skip
+            args.template,
+            args.mode,
+            lockfile=args.lockfile,
+            cache_dir=args.cache_dir,
+            base=args.base,
+            apptainer=args.apptainer,
+            templates_dir=args.templates_dir,
+        )
     except ImageError as exc:
         sys.stderr.write(f"build-image: {exc}\n")
         return 2

@@ -61,18 +61,31 @@ async def start_slirp(
     if binary is None:
         raise NetworkError("network: slirp4netns is not installed (Debian package slirp4netns)")
     ready_r, ready_w = os.pipe2(os.O_CLOEXEC)
-    argv = [binary, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox",
-            f"--ready-fd={ready_w}"]  # fmt: skip
+    argv = [
+        binary,
+        "--configure",
+        "--mtu=65520",
+        "--disable-host-loopback",
+        "--enable-sandbox",
+        f"--ready-fd={ready_w}",
+    ]
     if userns:
         argv.append(f"--userns-path=/proc/{target}/ns/user")
     try:
         out = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             proc = await asyncio.create_subprocess_exec(
-                *prefix, *argv, str(target), "tap0",
-                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out, pass_fds=(ready_w,),
-                env={"PATH": "/usr/bin:/bin"}, start_new_session=True,
-            )  # fmt: skip
+                *prefix,
+                *argv,
+                str(target),
+                "tap0",
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                pass_fds=(ready_w,),
+                env={"PATH": "/usr/bin:/bin"},
+                start_new_session=True,
+            )
         finally:
             os.close(out)
             os.close(ready_w)

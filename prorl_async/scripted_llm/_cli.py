@@ -84,22 +84,33 @@ async def _serve(args: argparse.Namespace) -> None:
     from prorl_async.scripted_llm.server import ScriptedLLM
 
     latency = LatencyModel(
-        ttft_s=args.ttft, per_token_s=args.per_token, slowdown=args.slowdown,
+        ttft_s=args.ttft,
+        per_token_s=args.per_token,
+        slowdown=args.slowdown,
         capacity=args.capacity,
-    )  # fmt: skip
+    )
     faults = Faults(
-        error_rate=args.error_rate, hang_rate=args.hang_rate, drop_rate=args.drop_rate,
-        nan_rate=args.nan_rate, missing_rate=args.missing_rate,
-    )  # fmt: skip
+        error_rate=args.error_rate,
+        hang_rate=args.hang_rate,
+        drop_rate=args.drop_rate,
+        nan_rate=args.nan_rate,
+        missing_rate=args.missing_rate,
+    )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     async with ScriptedLLM(
-        policy=args.policy, seed=args.seed, tokenizer=args.tokenizer, latency=latency,
-        faults=faults, model=args.model, host=args.host, port=args.port,
+        policy=args.policy,
+        seed=args.seed,
+        tokenizer=args.tokenizer,
+        latency=latency,
+        faults=faults,
+        model=args.model,
+        host=args.host,
+        port=args.port,
         legacy_vllm=args.legacy_vllm,
-    ) as llm:  # fmt: skip
+    ) as llm:
         sys.stdout.write(f"scripted-llm listening on {llm.address}\n")
         sys.stdout.flush()
         await stop.wait()

@@ -92,9 +92,12 @@ async def _models(request: web.Request) -> web.Response:
     if llm.faults.down:
         return _json(503, _error(503, "server is down (fault injection)"))
     card = {
-        "id": llm.model, "object": "model", "owned_by": "scripted-llm", "root": llm.model,
+        "id": llm.model,
+        "object": "model",
+        "owned_by": "scripted-llm",
+        "root": llm.model,
         "max_model_len": llm.max_model_len,
-    }  # fmt: skip
+    }
     return _json(200, {"object": "list", "data": [card]})
 
 

@@ -149,9 +149,13 @@ class SqliteOutbox:
             return None
         url, state, attempts, last_error, next_at = row
         return CallbackInfo(
-            job_id=job_id, url=url, state=cast(Any, state), attempts=attempts,
-            last_error=last_error, next_attempt_at=next_at if state == "pending" else None,
-        )  # fmt: skip
+            job_id=job_id,
+            url=url,
+            state=cast(Any, state),
+            attempts=attempts,
+            last_error=last_error,
+            next_attempt_at=next_at if state == "pending" else None,
+        )
 
     def counts(self) -> dict[str, int]:
         return {"pending": self._pending}

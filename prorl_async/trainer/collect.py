@@ -124,12 +124,19 @@ def _token(args: argparse.Namespace) -> str | None:
 def _manager(args: argparse.Namespace, jobs: list[dict[str, Any]]) -> RolloutManager:
     servers = [s for s in args.servers.split(",") if s] if args.servers else None
     return RolloutManager(
-        servers=servers, cluster=args.cluster, prompts=jobs, group_size=args.group_size,
-        batch_groups=args.batch_groups, max_inflight_groups=args.max_inflight_groups,
-        group_filter=args.filter, on_batch_full=args.on_batch_full, max_version_lag=None,
-        token=_token(args), stall_timeout_s=args.stall_timeout,
+        servers=servers,
+        cluster=args.cluster,
+        prompts=jobs,
+        group_size=args.group_size,
+        batch_groups=args.batch_groups,
+        max_inflight_groups=args.max_inflight_groups,
+        group_filter=args.filter,
+        on_batch_full=args.on_batch_full,
+        max_version_lag=None,
+        token=_token(args),
+        stall_timeout_s=args.stall_timeout,
         sample_deadline_s=args.sample_deadline,
-    )  # fmt: skip
+    )
 
 
 def _line(batch: int, group: Group) -> bytes:

@@ -74,10 +74,13 @@ class RolloutManager:
         if on_batch_full not in ("carry", "cancel"):
             raise ValueError(f"on_batch_full must be 'carry' or 'cancel', got {on_batch_full!r}")
         self.settings = Settings(
-            group_size=group_size, batch_groups=batch_groups, max_inflight_groups=inflight,
-            group_filter=resolve_filter(group_filter), max_infra_retries=max_infra_retries,
+            group_size=group_size,
+            batch_groups=batch_groups,
+            max_inflight_groups=inflight,
+            group_filter=resolve_filter(group_filter),
+            max_infra_retries=max_infra_retries,
             carry=on_batch_full == "carry",
-        )  # fmt: skip
+        )
         self.run_id = run_id or uuid.uuid4().hex[:10]
         self.sample_deadline_s = sample_deadline_s
         self.stall_timeout_s = stall_timeout_s
@@ -412,9 +415,11 @@ class RolloutManager:
         dispatcher = self._dispatcher
         if dispatcher is not None:
             self._progress.draw(
-                len(dispatcher.ready), self.settings.batch_groups, dispatcher.pool.inflight,
+                len(dispatcher.ready),
+                self.settings.batch_groups,
+                dispatcher.pool.inflight,
                 dispatcher.metrics.pass_rate,
-            )  # fmt: skip
+            )
 
 
 def _server_urls(servers: Iterable[str] | None, cluster: str | Path | None) -> list[str]:

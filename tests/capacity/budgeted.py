@@ -14,6 +14,7 @@ import msgspec
 from prorl_async.capacity import SandboxBudget
 from prorl_async.core.handler import AgentHandler
 from prorl_async.core.job import Job
+from prorl_async.stages import StageScope
 
 NonNeg = Annotated[float, msgspec.Meta(ge=0)]
 
@@ -26,8 +27,9 @@ class BudgetedInstance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
 
 
 @asynccontextmanager
-async def slot(budget: SandboxBudget) -> AsyncIterator[None]:
-    await budget.acquire()
+async def slot(budget: SandboxBudget, scope: StageScope | None) -> AsyncIterator[None]:
+    """A budget slot for ``scope``'s job, as a sandbox start takes one (``job.scope``)."""
+    await budget.acquire(scope)
     try:
         yield
     finally:
@@ -48,7 +50,7 @@ class BudgetedHandler(AgentHandler):
         return job.shared.runtime.budget
 
     async def init(self, job: Job) -> None:
-        await job.hold(slot(self._budget(job)))
+        await job.hold(slot(self._budget(job), job.scope))
         await asyncio.sleep(job.instance.init_s)
 
     async def run(self, job: Job) -> None:
@@ -65,7 +67,7 @@ class BudgetedHandler(AgentHandler):
     async def eval(self, job: Job) -> None:
         inst: BudgetedInstance = job.instance
         if inst.eval_sandbox:
-            async with slot(self._budget(job)):
+            async with slot(self._budget(job), job.scope):
                 await asyncio.sleep(inst.eval_s)
         else:
             await asyncio.sleep(inst.eval_s)
