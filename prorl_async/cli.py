@@ -38,6 +38,10 @@ DELEGATED = {
         "prorl_async.trainer.collect",
         "fill GRPO batches from rollout servers (trainer-side smoke test)",
     ),
+    "train-demo": (
+        "prorl_async.train_demo._cli",
+        "train a tiny policy by GRPO on CPU through the service (async vs sync)",
+    ),
     "vllm-cpu": (
         "prorl_async.vllm_cpu._cli",
         "a real vLLM on CPU in its own venv: setup, model, serve",

@@ -60,8 +60,11 @@ class VllmProcess:
         max_model_len: int = 2048,
         served_name: str = SERVED_MODEL,
         extra_args: tuple[str, ...] = (),
+        environ: dict[str, str] | None = None,
     ) -> None:
         self.env, self.model_dir, self.log_path = env, model_dir, log_path
+        # Extra environment, e.g. ``VLLM_CPU_OMP_THREADS_BIND="0"`` to keep it on core 0.
+        self.environ = dict(environ or {})
         self.port = port or free_port()
         self.scripts = scripts
         self.max_model_len, self.served_name = max_model_len, served_name
@@ -113,6 +116,7 @@ class VllmProcess:
         if self.proc is not None:
             raise RuntimeError("this engine was started already")
         extra = {ENV_VAR: str(self.scripts)} if self.scripts is not None else {}
+        extra.update(self.environ)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.tmp_dir = Path(tempfile.mkdtemp(prefix="prorl-vllm-"))
         extra["TMPDIR"] = str(self.tmp_dir)  # vLLM's sockets and rendezvous files

@@ -1,0 +1,86 @@
+"""``prorl-async train-demo``: GRPO on CPU through the service (see ``train_demo.run``)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from prorl_async.train_demo.procs import RunError
+from prorl_async.train_demo.report import plot, summary_table
+from prorl_async.train_demo.run import train_demo
+from prorl_async.train_demo.settings import MODES, Mode, Settings
+from prorl_async.vllm_cpu import EngineEnv
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = Settings()
+    p = argparse.ArgumentParser(
+        prog="prorl-async train-demo",
+        description="Train a tiny Qwen3 by GRPO on CPU: rollouts of the math handler through "
+        "a real server and a real vLLM, weights loaded in place after every step.",
+    )
+    p.add_argument("--mode", choices=("async", "sync", "both"), default="both")
+    p.add_argument("--out", type=Path, default=d.out, help=f"output directory (default {d.out})")
+    p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps a mode ({d.steps})")
+    p.add_argument("--prompts", type=int, default=d.prompts_per_step, help="prompts a step")
+    p.add_argument("--group-size", type=int, default=d.group_size, help="samples a prompt")
+    p.add_argument("--sft-steps", type=int, default=d.sft_steps, help="warm-start steps")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between evals")
+    p.add_argument("--eval-problems", type=int, default=d.eval_problems, help="held-out problems")
+    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens a rollout")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--no-plot", action="store_true", help="skip curve.png")
+    return p
+
+
+def settings(args: argparse.Namespace) -> Settings:
+    modes: tuple[Mode, ...] = MODES if args.mode == "both" else (args.mode,)
+    return replace(
+        Settings(),
+        out=args.out,
+        modes=modes,
+        steps=args.steps,
+        prompts_per_step=args.prompts,
+        group_size=args.group_size,
+        sft_steps=args.sft_steps,
+        eval_every=args.eval_every,
+        eval_problems=args.eval_problems,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+    )
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        s = settings(args)
+        s.check()
+    except ValueError as exc:
+        _say(f"train-demo: {exc}")
+        return 2
+    try:
+        summary = asyncio.run(train_demo(s, _say))
+    except (RunError, TimeoutError) as exc:
+        _say(f"train-demo: {exc or 'a step did not finish within its bound'}")
+        return 1
+    print(summary_table(summary))  # noqa: T201 - the command's output
+    if not args.no_plot:
+        out = s.out
+        plot(
+            EngineEnv(),
+            out / "metrics.jsonl",
+            out / "summary.json",
+            out / "curve.png",
+            out / "logs" / "plot.log",
+        )
+    return 0

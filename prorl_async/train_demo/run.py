@@ -1,0 +1,306 @@
+"""``prorl-async train-demo``: a GRPO run on CPU that learns through the service.
+
+One run owns four processes: the learner (torch, in the engine's venv), a vLLM engine
+(CPU) serving the policy, a rollout server (durable store) and this one, which drives
+them: warm start, then for each mode, steps of
+
+    batch = RolloutManager.next_batch()      # rollouts of the math handler, via the server
+    learner.grpo(batch)                      # one optimiser step; trainer/engine logprob check
+    learner.save(checkpoint)                 # an HF checkpoint directory
+    manager.set_weights(version=step, path=checkpoint)   # in place on the same engine
+
+``async`` keeps the engine generating (``max_version_lag`` 1, unfinished groups carried)
+while the learner trains on one core; ``sync`` generates nothing while it trains (lag 0,
+unfinished groups cancelled) and gives the learner both cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+from prorl_async.client import RolloutClient
+from prorl_async.train_demo import task, vocab
+from prorl_async.train_demo.grpo import learner_samples, step_figures
+from prorl_async.train_demo.learner_client import Learner
+from prorl_async.train_demo.procs import RunError, engine, server
+from prorl_async.train_demo.settings import Mode, Settings, model_config
+from prorl_async.trainer import RolloutManager
+from prorl_async.vllm_cpu import EngineEnv, VllmProcess
+
+__all__ = ["Run", "train_demo"]
+
+log = logging.getLogger(__name__)
+
+Say = Callable[[str], None]
+# Placement on two cores: the engine decodes on core 0 (tiny-model decoding is
+# overhead-bound: one core is nearly as fast as two); in async mode the learner trains on
+# core 1 beside it, in sync mode on both while the engine idles.
+ENGINE_CORES = "0"
+LEARNER_CORES: dict[str, tuple[int, list[int]]] = {"async": (1, [1]), "sync": (2, [0, 1])}
+
+
+class Run:
+    """The parts of one run, opened by ``train_demo`` and shared by its modes."""
+
+    def __init__(self, s: Settings, say: Say) -> None:
+        self.s = s
+        self.say = say
+        self.out = s.out
+        self.tokenizer_dir = self.out / "tokenizer"
+        self.step0 = self.out / "checkpoints" / "step-0000"
+        self.metrics_path = self.out / "metrics.jsonl"
+        self.learner: Learner
+        self.engine: VllmProcess
+        self.url = ""
+        self.heldout = task.heldout_problems(s.seed)[: s.eval_problems]
+
+    # -- the warm start ---------------------------------------------------------------------
+
+    async def warm_start(self, config: dict[str, Any]) -> None:
+        """A seeded random policy, ``sft_steps`` supervised steps on the task, saved as
+        ``checkpoints/step-0000``."""
+        s = self.s
+        threads, cpus = LEARNER_CORES["sync"]
+        await self._call(
+            "init",
+            config=config,
+            model_dir=None,
+            seed=s.seed,
+            threads=threads,
+            cpus=cpus,
+            lr=s.sft_lr,
+        )
+        if s.sft_steps:
+            examples = self._sft_examples()
+            self.say(f"warm start: {s.sft_steps} supervised steps on {len(examples)} problems")
+            done = await self._call(
+                "sft",
+                examples=examples,
+                steps=s.sft_steps,
+                batch_size=s.sft_batch,
+                lr=s.sft_lr,
+                seed=s.seed,
+            )
+            self.say(
+                f"  loss {done['loss_first']:.3f} -> {done['loss_last']:.3f} "
+                f"in {done['train_s']:.1f} s"
+            )
+        await self._call("save", dir=str(self.step0), tokenizer_dir=str(self.tokenizer_dir))
+
+    def _sft_examples(self) -> list[dict[str, list[int]]]:
+        tok = task.load_tokenizer(self.tokenizer_dir)
+        return [
+            {"prompt_ids": task.prompt_ids(tok, a, b), "target_ids": task.answer_ids(tok, a, b)}
+            for a, b in task.train_problems(self.s.seed)
+        ]
+
+    # -- one mode ----------------------------------------------------------------------------
+
+    async def mode(self, mode: Mode) -> dict[str, Any]:
+        """Train ``steps`` steps in ``mode`` from the warm start; returns its summary."""
+        s = self.s
+        threads, cpus = LEARNER_CORES[mode]
+        config = model_config(s, vocab.model_vocab_size(self.tokenizer_dir), self._special())
+        await self._call(
+            "init",
+            config=config,
+            model_dir=str(self.step0),
+            seed=s.seed,
+            threads=threads,
+            cpus=cpus,
+            lr=s.lr,
+        )
+        lag, on_full = (1, "carry") if mode == "async" else (0, "cancel")
+        manager = RolloutManager(
+            servers=[self.url],
+            prompts=self._prompts(mode),
+            group_size=s.group_size,
+            batch_groups=s.prompts_per_step,
+            max_version_lag=lag,
+            on_batch_full=on_full,
+            run_id=f"{mode}-{s.seed}",
+            progress=False,
+            stall_timeout_s=s.step_timeout_s,
+        )
+        async with manager as m:
+            await m.set_weights(version=0, backends=[self.engine.address])
+            await m.set_weights(version=0, path=str(self.step0))  # the warm start, in place
+            return await self._steps(mode, m)
+
+    async def _steps(self, mode: Mode, m: RolloutManager) -> dict[str, Any]:
+        s = self.s
+        self.say(f"{mode}: held-out pass@1 of the warm start ...")
+        initial, eval_s = await self.evaluate()
+        self.say(f"{mode}: warm start {initial:.3f}; {s.steps} steps")
+        start = time.monotonic()
+        totals = {"rollout_s": 0.0, "train_s": 0.0, "eval_s": eval_s}
+        final = initial
+        for step in range(1, s.steps + 1):
+            line = await self._step(mode, m, step, start, totals)
+            if step % max(s.eval_every, 1) == 0 or step == s.steps:
+                final, took = await self.evaluate()
+                totals["eval_s"] += took
+                line["eval_pass_at_1"] = final
+            self._record(line)
+            self._progress(mode, line)
+        wall = time.monotonic() - start
+        return {
+            "steps": s.steps,
+            "wall_s": wall,
+            "steps_per_min": 60.0 * s.steps / max(wall - totals["eval_s"], 1e-9),
+            "initial_pass_at_1": initial,
+            "final_pass_at_1": final,
+            **totals,
+        }
+
+    async def _step(
+        self, mode: Mode, m: RolloutManager, step: int, start: float, totals: dict[str, float]
+    ) -> dict[str, Any]:
+        t0 = time.monotonic()
+        batch = await m.next_batch()
+        t1 = time.monotonic()
+        stats = await self._call(
+            "grpo", samples=learner_samples(batch), version=step - 1, clip=self.s.clip, lr=self.s.lr
+        )
+        checkpoint = self._checkpoint(mode, step)
+        await self._call("save", dir=str(checkpoint), tokenizer_dir=str(self.tokenizer_dir))
+        t2 = time.monotonic()
+        await m.set_weights(version=step, path=str(checkpoint))
+        t3 = time.monotonic()
+        self._prune(mode, step)
+        totals["rollout_s"] += t1 - t0
+        totals["train_s"] += t3 - t1
+        return {
+            "mode": mode,
+            "trainer": "builtin",
+            "step": step,
+            "wall_s": round(t3 - start, 3),
+            **step_figures(batch),
+            "logprob_diff_mean": stats["logprob_diff_mean"],
+            "logprob_diff_max": stats["logprob_diff_max"],
+            "fidelity_tokens": stats["fidelity_tokens"],
+            "loss": stats["loss"],
+            "rollout_wait_s": round(t1 - t0, 3),
+            "train_s": round(t3 - t1, 3),
+            "weight_sync_s": round(t3 - t2, 3),
+        }
+
+    # -- checkpoints, prompts, evaluation -----------------------------------------------------
+
+    def _checkpoint(self, mode: Mode, step: int) -> Path:
+        return self.out / "checkpoints" / f"{mode}-step-{step:04d}"
+
+    def _prune(self, mode: Mode, step: int) -> None:
+        """Keep the last two checkpoints of the mode (the engine has loaded the latest)."""
+        old = self._checkpoint(mode, step - 2)
+        if step > 2 and old.is_dir():
+            shutil.rmtree(old)
+
+    def final_checkpoint(self, mode: Mode, name: str) -> Path:
+        """Copy the mode's last checkpoint to ``checkpoints/NAME``."""
+        target = self.out / "checkpoints" / name
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(self._checkpoint(mode, self.s.steps), target)
+        return target
+
+    def _prompts(self, mode: Mode) -> Iterator[dict[str, Any]]:
+        """Training problems drawn with replacement, seeded (the same order in both modes)."""
+        rng = random.Random(self.s.seed)
+        pool = task.train_problems(self.s.seed)
+        sampling = {"temperature": self.s.temperature, "max_tokens": self.s.max_tokens}
+        while True:
+            a, b = rng.choice(pool)
+            yield {"task": "math", "instance": task.instance(a, b), "sampling_params": sampling}
+
+    async def evaluate(self) -> tuple[float, float]:
+        """Greedy pass@1 on the held-out problems with the engine's current weights, and
+        the seconds it took."""
+        t0 = time.monotonic()
+        sampling = {"temperature": 0.0, "max_tokens": self.s.max_tokens}
+        jobs = [
+            {"task": "math", "instance": task.instance(a, b), "sampling_params": sampling}
+            for a, b in self.heldout
+        ]
+        async with RolloutClient(self.url) as client:
+            ids = await client.submit_batch(jobs)
+            rewards = await _rewards(client, ids, self.s.step_timeout_s)
+        return sum(rewards) / len(rewards), time.monotonic() - t0
+
+    # -- plumbing ------------------------------------------------------------------------------
+
+    def _special(self) -> dict[str, int]:
+        return vocab.special_ids(self.tokenizer_dir)
+
+    async def _call(self, op: str, **fields: Any) -> dict[str, Any]:
+        return await self.learner.call(op, timeout_s=self.s.learner_timeout_s, **fields)
+
+    def _record(self, line: dict[str, Any]) -> None:
+        with open(self.metrics_path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def _progress(self, mode: Mode, line: dict[str, Any]) -> None:
+        shown = f" eval {line['eval_pass_at_1']:.3f}" if "eval_pass_at_1" in line else ""
+        self.say(
+            f"{mode} step {line['step']:>3}/{self.s.steps}  reward {line['reward_mean']:.3f}  "
+            f"versions {line['weight_version_min']}-{line['weight_version_max']}  "
+            f"|dlogp| max {line['logprob_diff_max']:.1e}  "
+            f"rollout {line['rollout_wait_s']:.1f} s  train {line['train_s']:.1f} s{shown}"
+        )
+
+
+async def _rewards(client: RolloutClient, ids: list[str], timeout_s: float) -> list[float]:
+    """Each job's reward (0 for a job that did not finish ``done``), waiting at most
+    ``timeout_s`` for all of them."""
+    rewards: dict[str, float] = {}
+    async with asyncio.timeout(timeout_s):
+        while len(rewards) < len(ids):
+            pending = [i for i in ids if i not in rewards]
+            answer = await client.poll(pending, wait=5.0)
+            for doc in answer.get("done", []):
+                ok = doc.get("status") == "done" and doc.get("reward") is not None
+                rewards[doc["job_id"]] = float(doc["reward"]) if ok else 0.0
+            for job_id in answer.get("unknown", []):
+                raise RunError(f"the server forgot evaluation job {job_id}")
+    return [rewards[i] for i in ids]
+
+
+async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
+    """Run ``s``; returns the summary (also written to ``OUT/summary.json``)."""
+    s.check()
+    env = EngineEnv()
+    if not env.ready:
+        say("the engine venv is missing: setting it up (once: ~3.4 GB, ~6 min) ...")
+        await asyncio.to_thread(env.setup, say)
+    run = Run(s, say)
+    s.out.mkdir(parents=True, exist_ok=True)
+    run.metrics_path.unlink(missing_ok=True)
+    vocab.build_task_tokenizer(run.tokenizer_dir)
+    config = model_config(s, vocab.model_vocab_size(run.tokenizer_dir), run._special())
+    logs = s.out / "logs"
+    summary: dict[str, Any] = {"modes": {}}
+    async with AsyncExitStack() as stack:
+        run.learner = await stack.enter_async_context(Learner(env, log_path=logs / "learner.log"))
+        await run.warm_start(config)
+        run.engine = await stack.enter_async_context(
+            engine(env, run.step0, logs / "vllm.log", ENGINE_CORES)
+        )
+        server_args = ["--tokenizer", str(run.tokenizer_dir), "--store", "sqlite"]
+        server_args += ["--sandbox-start", "on_first_use", "--log-level", "warning"]
+        run.url = await stack.enter_async_context(
+            server(server_args, s.out / "state", logs / "server.log")
+        )
+        for mode in s.modes:
+            summary["modes"][mode] = await run.mode(mode)
+            name = "final" if mode == s.modes[0] else f"{mode}-final"
+            run.final_checkpoint(mode, name)
+    (s.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

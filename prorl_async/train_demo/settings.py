@@ -1,0 +1,82 @@
+"""What a training run is made of: its size, its learning rates, where it writes.
+
+The defaults are the run the README reports: sized for an idle 2-core machine (both
+modes in about 25 minutes), and meant to be read as the recipe, not tuned per run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["MODES", "Mode", "Settings", "model_config"]
+
+Mode = Literal["async", "sync"]
+MODES: tuple[Mode, ...] = ("async", "sync")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """One ``train-demo`` run (``--mode both`` runs ``async`` then ``sync``)."""
+
+    out: Path = Path("train-demo-out")
+    modes: tuple[Mode, ...] = MODES
+    steps: int = 40
+    prompts_per_step: int = 16
+    group_size: int = 8
+    max_tokens: int = 16
+    temperature: float = 1.0
+    seed: int = 0
+    # The warm start: supervised steps on the task, then GRPO from there.
+    sft_steps: int = 300
+    sft_batch: int = 128
+    sft_lr: float = 2e-3
+    lr: float = 2e-4
+    clip: float = 0.2
+    # Held-out greedy pass@1: at the start, every ``eval_every`` steps, and at the end.
+    eval_every: int = 10
+    eval_problems: int = 200
+    # The policy: a tiny Qwen3 (head_dim 32: vLLM CPU's attention takes 32, 64, ...).
+    hidden_size: int = 128
+    layers: int = 4
+    heads: int = 4
+    kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 512
+    # Bounds: a step, a learner call, a held-out evaluation.
+    step_timeout_s: float = 600.0
+    learner_timeout_s: float = 600.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Raise ``ValueError`` naming the first setting out of range."""
+        for name in ("steps", "prompts_per_step", "group_size", "max_tokens", "eval_problems"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.group_size < 2:
+            raise ValueError(f"group_size: GRPO needs >= 2 samples a prompt, got {self.group_size}")
+        if not 0 < self.max_tokens <= 64:
+            raise ValueError(f"max_tokens: 1..64 (the answers fit), got {self.max_tokens}")
+        if self.sft_steps < 0 or self.eval_every < 0:
+            raise ValueError("sft_steps and eval_every: must be >= 0")
+        if not self.modes or any(m not in MODES for m in self.modes):
+            raise ValueError(f"modes: any of {MODES}, got {self.modes}")
+
+
+def model_config(s: Settings, vocab_size: int, special: dict[str, int]) -> dict[str, Any]:
+    """The ``transformers.Qwen3Config`` fields of the policy (``special``: token ids)."""
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": s.hidden_size,
+        "num_hidden_layers": s.layers,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "head_dim": s.head_dim,
+        "intermediate_size": s.intermediate_size,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": True,
+        "bos_token_id": special["<|endoftext|>"],
+        "eos_token_id": [special["<|im_end|>"], special["<|endoftext|>"]],
+        "pad_token_id": special["<|endoftext|>"],
+    }
