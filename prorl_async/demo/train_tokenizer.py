@@ -19,17 +19,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_toke
 
 from prorl_async.llm.chat_template import ChatTemplate
 
-__all__ = [
-    "CHAT_TEMPLATE",
-    "SPECIAL_TOKENS",
-    "TOOL_TOKENS",
-    "VOCAB_SIZE",
-    "build_corpus",
-    "main",
-    "mark_tool_tokens_not_special",
-    "tokenizer_config",
-    "train",
-]
+__all__ = ["CHAT_TEMPLATE", "SPECIAL_TOKENS", "VOCAB_SIZE", "build_corpus", "train", "main"]
 
 VOCAB_SIZE = 6144
 SEED = 20240611
@@ -353,11 +343,10 @@ def train(seed: int = SEED) -> Tokenizer:
         show_progress=False,
     )
     tok.train_from_iterator(build_corpus(seed), trainer=trainer)
-    return mark_tool_tokens_not_special(tok)
+    return _mark_tool_tokens_not_special(tok)
 
 
-def mark_tool_tokens_not_special(tok: Tokenizer) -> Tokenizer:
-    """Only the ChatML markers stay special; every added token matches the raw text."""
+def _mark_tool_tokens_not_special(tok: Tokenizer) -> Tokenizer:
     data = json.loads(tok.to_str())
     for entry in data["added_tokens"]:
         entry["special"] = entry["content"] in SPECIAL_TOKENS

@@ -19,7 +19,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from prorl_async.demo import train_tokenizer as demo_vocab
 from prorl_async.train_demo.prompt import prompt_text
@@ -76,17 +76,19 @@ def _tokenizer() -> Tokenizer:
 
 
 def train(vocab_size: int = VOCAB_SIZE, seed: int = SEED) -> Tokenizer:
-    """Train the BPE on :func:`build_corpus` and register the chat's added tokens."""
+    """Train the BPE on :func:`build_corpus`; ids as in Qwen: the ChatML markers first
+    (special), the tool tags last (added, not special, so decoded text keeps them)."""
     tok = _tokenizer()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=vocab_size - len(demo_vocab.TOOL_TOKENS),
         min_frequency=2,
-        special_tokens=ADDED_TOKENS,
+        special_tokens=demo_vocab.SPECIAL_TOKENS,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(build_corpus(seed), trainer=trainer)
-    return demo_vocab.mark_tool_tokens_not_special(tok)
+    tok.add_tokens([AddedToken(t, normalized=False) for t in demo_vocab.TOOL_TOKENS])
+    return tok
 
 
 def build_task_tokenizer(

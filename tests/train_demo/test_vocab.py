@@ -73,10 +73,13 @@ def test_the_vocabulary_is_small(task_tok: ChatTokenizer, task_tok_dir: Path) ->
 
 
 def test_added_tokens_are_single_ids_special_as_in_qwen(task_tok: ChatTokenizer) -> None:
+    """ChatML markers first and special; the tool tags after the BPE vocabulary, not special."""
     added = task_tok.hf_tokenizer.get_added_tokens_decoder()
     by_content = {token.content: (i, token.special) for i, token in added.items()}
+    last = task_tok.vocab_size - len(TOOL_TOKENS)
     assert by_content == {
-        t: (i, t in SPECIAL_TOKENS) for i, t in enumerate(SPECIAL_TOKENS + TOOL_TOKENS)
+        **{t: (i, True) for i, t in enumerate(SPECIAL_TOKENS)},
+        **{t: (last + i, False) for i, t in enumerate(TOOL_TOKENS)},
     }
     for token, (token_id, _) in by_content.items():
         assert task_tok.encode(token) == [token_id]
