@@ -39,6 +39,7 @@ LAYERS = [
     "trainer",
     "cluster",
     "demo",
+    "train_demo",
     "cli",
     "",  # the package root re-exports the public names of every room
 ]
