@@ -25,10 +25,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import AsyncExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from tokenizers import Tokenizer
 
 from prorl_async.client import RolloutClient
-from prorl_async.train_demo import task, vocab
+from prorl_async.llm.tokenizer import load_tokenizer
+from prorl_async.train_demo import prompt, task, vocab
 from prorl_async.train_demo.grpo import learner_samples, step_figures
 from prorl_async.train_demo.learner_client import Learner
 from prorl_async.train_demo.procs import RunError, engine, server
@@ -61,7 +64,7 @@ class Run:
         self.learner: Learner
         self.engine: VllmProcess
         self.url = ""
-        self.heldout = task.heldout_problems(s.seed)[: s.eval_problems]
+        self.heldout = task.held_out_problems()[: s.eval_problems]
 
     # -- the warm start ---------------------------------------------------------------------
 
@@ -97,10 +100,16 @@ class Run:
         await self._call("save", dir=str(self.step0), tokenizer_dir=str(self.tokenizer_dir))
 
     def _sft_examples(self) -> list[dict[str, list[int]]]:
-        tok = task.load_tokenizer(self.tokenizer_dir)
+        """Every training problem: the handler's exact prompt, then the answer and the end
+        of the turn (what the engine must generate)."""
+        tok = load_tokenizer(self.tokenizer_dir)
+        end = self._special()["<|im_end|>"]
         return [
-            {"prompt_ids": task.prompt_ids(tok, a, b), "target_ids": task.answer_ids(tok, a, b)}
-            for a, b in task.train_problems(self.s.seed)
+            {
+                "prompt_ids": prompt.prompt_ids(tok, a, b),
+                "target_ids": [*tok.encode(task.answer_text(a, b)), end],
+            }
+            for a, b in task.training_problems()
         ]
 
     # -- one mode ----------------------------------------------------------------------------
@@ -119,7 +128,8 @@ class Run:
             cpus=cpus,
             lr=s.lr,
         )
-        lag, on_full = (1, "carry") if mode == "async" else (0, "cancel")
+        lag = 1 if mode == "async" else 0
+        on_full: Literal["carry", "cancel"] = "carry" if mode == "async" else "cancel"
         manager = RolloutManager(
             servers=[self.url],
             prompts=self._prompts(mode),
@@ -215,7 +225,7 @@ class Run:
     def _prompts(self, mode: Mode) -> Iterator[dict[str, Any]]:
         """Training problems drawn with replacement, seeded (the same order in both modes)."""
         rng = random.Random(self.s.seed)
-        pool = task.train_problems(self.s.seed)
+        pool = task.training_problems()
         sampling = {"temperature": self.s.temperature, "max_tokens": self.s.max_tokens}
         while True:
             a, b = rng.choice(pool)
@@ -238,7 +248,14 @@ class Run:
     # -- plumbing ------------------------------------------------------------------------------
 
     def _special(self) -> dict[str, int]:
-        return vocab.special_ids(self.tokenizer_dir)
+        tokenizer = Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json"))
+        ids: dict[str, int] = {}
+        for token in ("<|endoftext|>", "<|im_end|>"):
+            found = tokenizer.token_to_id(token)
+            if found is None:
+                raise RunError(f"the task tokenizer has no {token}")
+            ids[token] = found
+        return ids
 
     async def _call(self, op: str, **fields: Any) -> dict[str, Any]:
         return await self.learner.call(op, timeout_s=self.s.learner_timeout_s, **fields)
