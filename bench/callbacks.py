@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._server import rss_mib, server  # noqa: E402
 from prorl_async.client import RolloutClient  # noqa: E402
 from prorl_async.notify import SIGNATURE_HEADER, verify  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 SECRET = "bench-secret"
 
@@ -64,13 +64,6 @@ async def receiver(port: int, status: int) -> AsyncIterator[Receiver]:
         yield rec
     finally:
         await runner.cleanup()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def _drain(c: RolloutClient, after: int, n: int) -> None:
@@ -107,7 +100,7 @@ async def throughput(
 
 
 async def down_then_up(config: str, jobs: int, down_s: float) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     env = {"PRORL_CALLBACK_SECRET": SECRET}
     job = {"task": "sleep", "instance": {}, "callback_url": f"http://127.0.0.1:{port}/hook"}
     async with server("--config", config, env=env) as (_, url), RolloutClient(url) as c:
@@ -127,10 +120,10 @@ async def down_then_up(config: str, jobs: int, down_s: float) -> dict[str, Any]:
 
 async def _rows(cfg: str, n: int, k: int) -> list[tuple[str, dict[str, Any]]]:
     rows = [("alone", await throughput(cfg, n))]
-    port = _free_port()
+    port = free_port()
     async with receiver(port, 500):
         rows.append((f"{k} failing (500)", await throughput(cfg, n, failing=k, to=port)))
-    rows.append((f"{k} failing (down)", await throughput(cfg, n, failing=k, to=_free_port())))
+    rows.append((f"{k} failing (down)", await throughput(cfg, n, failing=k, to=free_port())))
     async with receiver(port, 200):
         rows.append(("each with a callback", await throughput(cfg, n, hook=port)))
     return rows

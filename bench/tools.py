@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import importlib.util
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,9 +29,12 @@ from pathlib import Path
 
 import uvloop
 
-from prorl_async.toolserver.client import ToolClient
-from prorl_async.toolserver.kernel import IpcKernel
-from prorl_async.toolserver.shell import PtyShell
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prorl_async.toolserver.client import ToolClient  # noqa: E402
+from prorl_async.toolserver.kernel import IpcKernel  # noqa: E402
+from prorl_async.toolserver.shell import PtyShell  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 Row = tuple[str, str]
 
@@ -152,7 +154,7 @@ async def kernel_rows(workspace: str, rounds: int) -> list[Row]:
 
 
 async def transport_rows(workspace: str, rounds: int) -> list[Row]:
-    port = _free_port()
+    port = free_port()
     async with _tool_server(workspace, tcp_port=port) as sock:
         uds = await ToolClient.connect(sock)
         tcp = await ToolClient.connect_tcp("127.0.0.1", port)
@@ -165,12 +167,6 @@ async def transport_rows(workspace: str, rounds: int) -> list[Row]:
         ("ping request: TCP loopback", _fig(t)),
         ("", ratio),
     ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def sandbox_rows() -> list[Row]:

@@ -18,8 +18,8 @@ from prorl_async.demo.summary import COLUMNS, summary_rows
 from prorl_async.sandbox import get_runtime
 from prorl_async.scripted_llm import ScriptedLLM
 from tests.conftest import require
+from tests.helpers import eventually
 from tests.proctree import descendants
-from tests.serverutil import eventually
 
 KINDS = {"math", "code-stdio", "code-function", "swe"}
 

@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 from prorl_async.scripted_llm import ScriptedLLM
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _client_snippet() -> str:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    snippet: str
     (snippet,) = [b for b in blocks if "RolloutClient(" in b and "asyncio.run(" in b]
     return snippet
 

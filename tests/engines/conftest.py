@@ -22,8 +22,8 @@ import aiohttp
 import pytest
 
 from prorl_async.vllm_cpu import EngineEnv, VllmProcess
+from tests.helpers import Server, ServerFactory
 from tests.proctree import cmdline, descendants
-from tests.serverutil import Server, ServerFactory
 
 # Every test here waits for a real engine; its first start (or a restart) takes a minute.
 ENGINE_TIMEOUT = pytest.mark.timeout(600)

@@ -24,7 +24,7 @@ from prorl_async.client import RolloutError
 from prorl_async.llm.engines import ENGINE_KEEPALIVE_S, engine_connector
 from prorl_async.vllm_cpu import EngineEnv, VllmProcess
 from tests.engines.conftest import ENGINE_TIMEOUT, EngineServer, engine_post, running_requests
-from tests.serverutil import Server, eventually
+from tests.helpers import Server, eventually
 
 pytestmark = ENGINE_TIMEOUT
 
@@ -187,7 +187,8 @@ async def test_pause_then_resume_by_hand(
         [job] = await srv.client.submit_batch([planted(1, 32)])
 
         async def waiting_for_backend() -> bool:
-            return (await srv.client.status())["backend_waiting"] == 1
+            waiting: int = (await srv.client.status())["backend_waiting"]
+            return waiting == 1
 
         await eventually(waiting_for_backend, timeout=60)
         assert [b["paused"] for b in await srv.client.weights()] == [True]

@@ -13,8 +13,9 @@ import aiohttp
 import msgspec
 
 from prorl_async.client import RolloutClient
+from prorl_async.store.sqlite import SqliteJobStore
 from tests.blocking import BlockingHandler
-from tests.serverutil import ServerFactory, eventually, server_process
+from tests.helpers import ServerFactory, eventually, server_process
 
 SLEEP0 = {"task": "sleep", "instance": {}}
 
@@ -96,6 +97,7 @@ async def test_an_answer_that_a_job_ended_waits_for_its_commit(
         async with asyncio.timeout(30):
             await blocking.event("to-cancel", "run").wait()
             await blocking.event("to-finish", "run").wait()
+        assert isinstance(store, SqliteJobStore)
         writer = store._writer
         assert writer is not None
         os.kill(writer.pid, signal.SIGSTOP)

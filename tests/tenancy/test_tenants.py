@@ -22,7 +22,7 @@ from prorl_async.client import (
     UnauthorizedError,
 )
 from tests.blocking import BlockingHandler
-from tests.serverutil import ServerFactory, eventually, server_process
+from tests.helpers import ServerFactory, eventually, server_process
 from tests.sse import open_events
 
 TENANTS: dict[str, dict[str, Any]] = {

@@ -20,7 +20,7 @@ from prorl_async.trainer.retry import Backoff, classify_result
 from prorl_async.trainer.servers import QUARANTINE_AFTER, ServerPool, ServerState
 from prorl_async.trainer.staleness import Staleness
 from prorl_async.trainer.watchdog import cancel_on_servers
-from tests.serverutil import eventually, forwarding_proxy, server_process
+from tests.helpers import eventually, forwarding_proxy, server_process
 from tests.trainer.checks import check_accounting, check_group
 from tests.trainer.flaky import flaky_proxy
 from tests.trainer.harness import planted, rig

@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from prorl_async.trainer import RolloutManager, poller
-from tests.serverutil import ServerFactory, eventually, forwarding_proxy
+from tests.helpers import ServerFactory, eventually, forwarding_proxy
 
 
 def _sleeps(n: int, run_s: float) -> list[dict[str, object]]:

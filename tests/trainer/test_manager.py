@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from prorl_async.trainer import (
     RolloutStalled,
     TrainerError,
 )
-from tests.serverutil import eventually
+from tests.helpers import eventually
 from tests.trainer.checks import check_accounting, check_group
 from tests.trainer.flaky import flaky_proxy
 from tests.trainer.harness import mixed_prompts, planted, rig
@@ -49,7 +50,9 @@ async def test_ten_batches_with_carry_and_mid_batch_weight_swaps(tmp_path: Path)
             pending = asyncio.ensure_future(m.next_batch())
             if i % 2:  # swap the weights while the batch is being filled
                 floor = m.metrics()["samples"]["results"] + 2
-                await eventually(lambda f=floor: m.metrics()["samples"]["results"] > f)
+                await eventually(
+                    functools.partial(lambda f: m.metrics()["samples"]["results"] > f, floor)
+                )
                 version += 1
                 await m.set_weights(version=version, backends=[r.llm.address])
             batch = await pending
@@ -212,7 +215,8 @@ async def test_stall_watchdog_names_servers_and_samples(tmp_path: Path) -> None:
         with pytest.raises(RolloutStalled) as info:
             await m.next_batch()
     assert "no rollout result for 1 s" in str(info.value)
-    assert set(info.value.diagnosis["servers"]) == set(r.urls)  # type: ignore[arg-type]
+    servers = info.value.diagnosis["servers"]
+    assert isinstance(servers, dict) and set(servers) == set(r.urls)
     assert info.value.diagnosis["samples"]
     assert "waiting for 4 samples on servers" in str(info.value)
 

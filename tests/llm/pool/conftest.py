@@ -6,10 +6,18 @@ from typing import Any
 
 import pytest
 
-from prorl_async.llm.pool import BackendPool, PoolConfig
+from prorl_async.llm.pool import Backend, BackendPool, PoolConfig
 from prorl_async.scripted_llm import ScriptedLLM
 
 StartLLM = Callable[..., Awaitable[ScriptedLLM]]
+
+
+def backend(pool: BackendPool, address: str) -> Backend:
+    """The pool's backend at ``address`` (registered)."""
+    found = pool.get(address)
+    assert found is not None, f"{address} is not registered"
+    return found
+
 
 # Fast failover and probing so the health tests take milliseconds, not seconds.
 FAST = PoolConfig(

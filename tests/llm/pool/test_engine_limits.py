@@ -15,8 +15,8 @@ import pytest
 
 from prorl_async.llm.pool import BackendPool, PoolConfig, RegistrationError
 from prorl_async.scripted_llm import ScriptedLLM
-from tests.llm.pool.conftest import FAST, StartLLM
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
+from tests.llm.pool.conftest import FAST, StartLLM, backend
 
 PROMPT = [1, 2, 3, 4]
 
@@ -86,7 +86,7 @@ async def test_an_engine_that_stops_answering_is_failed_over_not_waited_out(
             gen = await asyncio.wait_for(call, 30)
         assert gen.backend == b.address
         assert a.log[0].outcome == "stalled"
-        assert pool.get(a.address) is not None and not pool.get(a.address).healthy  # type: ignore[union-attr]
+        assert not backend(pool, a.address).healthy
 
 
 async def test_a_stalled_engine_with_no_other_backend_fails_the_call_naming_it(

@@ -14,8 +14,8 @@ from prorl_async.llm.weights import WeightsError
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
 from prorl_async.util.timer import PausableTimer
+from tests.helpers import ServerFactory, eventually
 from tests.llm.pool.conftest import StartLLM
-from tests.serverutil import ServerFactory, eventually
 
 PROMPT = [1, 2, 3, 4]
 CONFIG = PoolConfig(probe_interval_s=0.05, retries=2, retry_backoff_s=0.0)
