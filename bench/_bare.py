@@ -74,8 +74,7 @@ async def serve(port: int) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
     await site.start()
-    sock = site._server.sockets[0]  # type: ignore[union-attr]
-    sys.stderr.write(f"bare aiohttp listening on http://127.0.0.1:{sock.getsockname()[1]}\n")
+    sys.stderr.write(f"bare aiohttp listening on http://127.0.0.1:{runner.addresses[0][1]}\n")
     sys.stderr.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -163,7 +163,8 @@ async def grid(
 def sandbox_seconds(job: dict[str, Any]) -> float:
     """Sandbox-seconds a job holds at the least: INIT and RUN, and a sandboxed EVAL."""
     inst = job["instance"]
-    return inst["init_s"] + inst["run_s"] + (inst["eval_s"] if inst.get("eval_sandbox") else 0.0)
+    held: float = inst["init_s"] + inst["run_s"]
+    return held + (inst["eval_s"] if inst.get("eval_sandbox") else 0.0)
 
 
 def upper_bound(jobs: list[dict[str, Any]], budget: int) -> tuple[float, str]:

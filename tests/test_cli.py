@@ -50,7 +50,10 @@ PARSERS = dict(_parsers())
 
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     text = action.help or ""
-    if issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter):
+    formatter = parser.formatter_class
+    if isinstance(formatter, type) and issubclass(
+        formatter, argparse.ArgumentDefaultsHelpFormatter
+    ):
         text += " (default: %(default)s)"
     return text
 

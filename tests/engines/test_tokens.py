@@ -13,6 +13,7 @@ from prorl_async.llm.agent_loop import FINISH_TOOL_SPEC
 from prorl_async.scripted_llm.policies import tool_call
 from prorl_async.vllm_cpu import VllmProcess
 from tests.engines.conftest import ENGINE_TIMEOUT, EngineServer, Scripts, engine_post
+from tests.helpers import Server
 
 pytestmark = ENGINE_TIMEOUT
 
@@ -27,11 +28,14 @@ def math_job(problem: str, answer: str, seed: int, **sampling: Any) -> dict[str,
     }
 
 
-async def results(srv: Any, jobs: list[dict[str, Any]], wait: float = 240) -> list[dict[str, Any]]:
+async def results(
+    srv: Server, jobs: list[dict[str, Any]], wait: float = 240
+) -> list[dict[str, Any]]:
     ids = await srv.client.submit_batch(jobs)
     docs = [await srv.client.result(i, wait=wait) for i in ids]
-    assert all(d is not None for d in docs), "a job did not finish"
-    return docs  # type: ignore[return-value]
+    done = [d for d in docs if d is not None]
+    assert len(done) == len(docs), "a job did not finish"
+    return done
 
 
 async def test_single_turn_ids_and_logprobs_are_the_engines(

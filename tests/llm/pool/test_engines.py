@@ -25,7 +25,7 @@ from prorl_async.llm.engines import (
 )
 from prorl_async.llm.pool import BackendError, BackendPool, PoolConfig
 from prorl_async.scripted_llm import ScriptedLLM
-from tests.llm.pool.conftest import StartLLM
+from tests.llm.pool.conftest import StartLLM, backend
 
 CHAT = "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -187,7 +187,7 @@ async def test_model_discovery_404_counts_against_the_backend_other_4xx_not_retr
             with pytest.raises(BackendError, match="does not exist"):
                 await lease.generate(prompt_ids(llm), 10, {})
             assert len(llm.log) == before + 3  # retried, then the backend is marked unhealthy
-        assert pool.get(llm.address).healthy is False  # type: ignore[union-attr]
+        assert backend(pool, llm.address).healthy is False
 
 
 def test_server_root() -> None:
