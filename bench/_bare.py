@@ -24,8 +24,15 @@ from aiohttp import web
 
 _encoder = msgspec.json.Encoder()
 _ids = itertools.count()
-_TIMING = {"queued_s": 0.0, "init_s": 0.0, "run_s": 0.0, "eval_s": 0.0, "active_s": 0.0,
-           "backend_wait_s": 0.0, "total_s": 0.0}  # fmt: skip
+_TIMING = {
+    "queued_s": 0.0,
+    "init_s": 0.0,
+    "run_s": 0.0,
+    "eval_s": 0.0,
+    "active_s": 0.0,
+    "backend_wait_s": 0.0,
+    "total_s": 0.0,
+}
 
 
 class _Jobs(msgspec.Struct):

@@ -134,23 +134,29 @@ async def main(args: argparse.Namespace) -> None:
         config = Path(tmp) / "server.toml"
         config.write_text('[callbacks]\nallow_hosts = ["127.0.0.1"]\n')
         runs = [await _rows(str(config), args.jobs, args.failing) for _ in range(args.repeat)]
-    print(f"\n{args.jobs} sleep jobs (0 s), in batches of 500, read by cursor; median of "
-          f"{args.repeat} runs (jobs/s of each run in brackets)")  # fmt: skip
+    print(
+        f"\n{args.jobs} sleep jobs (0 s), in batches of 500, read by cursor; median of "
+        f"{args.repeat} runs (jobs/s of each run in brackets)"
+    )
     print(f"{'':22} {'jobs/s':>7} {'attempts':>9} {'pending':>8}  runs")
     for i, (name, last) in enumerate(runs[-1]):
         rates = [run[i][1]["jobs/s"] for run in runs]
         cb = last["callbacks"]
-        print(f"{name:22} {statistics.median(rates):7.0f} {cb['attempts']:9d} "
-              f"{cb['pending']:8d}  [{', '.join(f'{r:.0f}' for r in rates)}]")  # fmt: skip
+        print(
+            f"{name:22} {statistics.median(rates):7.0f} {cb['attempts']:9d} "
+            f"{cb['pending']:8d}  [{', '.join(f'{r:.0f}' for r in rates)}]"
+        )
     if args.down:
         with tempfile.TemporaryDirectory() as tmp:
             config = Path(tmp) / "server.toml"
             config.write_text('[callbacks]\nallow_hosts = ["127.0.0.1"]\n')
             d = await down_then_up(str(config), args.down_jobs, args.down)
-        print(f"\n{args.down_jobs} jobs, receiver down {args.down:g} s then up: all "
-              f"delivered {d['after_up_s']:.1f} s after it came up; {d['posts']} posts, "
-              f"{d['bad']} bad signatures; attempts {d['attempts']}, "
-              f"delivered {d['delivered']}")  # fmt: skip
+        print(
+            f"\n{args.down_jobs} jobs, receiver down {args.down:g} s then up: all "
+            f"delivered {d['after_up_s']:.1f} s after it came up; {d['posts']} posts, "
+            f"{d['bad']} bad signatures; attempts {d['attempts']}, "
+            f"delivered {d['delivered']}"
+        )
 
 
 if __name__ == "__main__":

@@ -277,8 +277,15 @@ async def _jit_run(
     from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 
     with tempfile.TemporaryDirectory() as state:
-        overrides = {"port": 0, "state_dir": state, "runtime": "bwrap", "init_workers": 8,
-                     "run_workers": run_workers, "max_sandboxes": 64, "jit_init": jit}  # fmt: skip
+        overrides = {
+            "port": 0,
+            "state_dir": state,
+            "runtime": "bwrap",
+            "init_workers": 8,
+            "run_workers": run_workers,
+            "max_sandboxes": 64,
+            "jit_init": jit,
+        }
         cfg = load_config(overrides=overrides, env={})
         latency = LatencyModel(ttft_s=ttft, capacity=2)
         async with (

@@ -154,9 +154,14 @@ async def managed(
     stream = prompts(pass_rate, args.group_size, args.run_s, args.sigma, seed=1)
     out = Outcome()
     async with RolloutManager(
-        servers=urls, prompts=stream, group_size=args.group_size,
-        batch_groups=args.batch_groups, on_batch_full=mode, max_version_lag=1, progress=False,
-    ) as m:  # fmt: skip
+        servers=urls,
+        prompts=stream,
+        group_size=args.group_size,
+        batch_groups=args.batch_groups,
+        on_batch_full=mode,
+        max_version_lag=1,
+        progress=False,
+    ) as m:
         await m.set_weights(version=0, backends=[llm])
         start = time.monotonic()
         for version in range(1, args.batches + 1):

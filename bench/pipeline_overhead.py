@@ -116,10 +116,14 @@ async def closed_loop(
     def jobs(k: int) -> list[dict[str, Any]]:
         # Durations vary by +-spread, as rollouts do (identical ones run in lockstep bursts).
         return [
-            {"task": "sleep",
-             "instance": {k: v * rng.uniform(1 - spread, 1 + spread) for k, v in instance.items()}}
+            {
+                "task": "sleep",
+                "instance": {
+                    k: v * rng.uniform(1 - spread, 1 + spread) for k, v in instance.items()
+                },
+            }
             for _ in range(k)
-        ]  # fmt: skip
+        ]
 
     overheads: list[float] = []
     pending = set(await client.submit_batch(jobs(inflight)))

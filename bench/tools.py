@@ -64,9 +64,16 @@ async def _tool_server(workspace: str, tcp_port: int | None = None) -> AsyncIter
     sock = f"{tempfile.mkdtemp(prefix='bt-', dir='/tmp')}/tools.sock"
     extra = ["--tcp", f"127.0.0.1:{tcp_port}"] if tcp_port else []
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prorl_async.toolserver", "--socket", sock,
-        "--workspace", workspace, *extra, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "prorl_async.toolserver",
+        "--socket",
+        sock,
+        "--workspace",
+        workspace,
+        *extra,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     try:
         yield sock
     finally:
@@ -105,8 +112,10 @@ async def bash_rows(workspace: str, rounds: int) -> list[Row]:
 def _tmux_samples(rounds: int) -> list[float]:
     sock = f"/tmp/bench-tmux-{uuid.uuid4().hex[:8]}"
     tmux = ["tmux", "-S", sock]
-    subprocess.run([*tmux, "new-session", "-d", "-s", "b", "-x", "200", "-y", "50",
-                    "bash --norc --noprofile"], check=True)  # fmt: skip
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "b", "-x", "200", "-y", "50", "bash --norc --noprofile"],
+        check=True,
+    )
     try:
         samples = []
         for i in range(rounds + 10):
@@ -125,8 +134,9 @@ def _tmux_command(tmux: list[str], command: str, marker: str) -> None:
     subprocess.run([*tmux, "send-keys", "-t", "b", typed, "Enter"], check=True)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        pane = subprocess.run([*tmux, "capture-pane", "-p", "-t", "b"], capture_output=True,
-                              text=True, check=True).stdout  # fmt: skip
+        pane = subprocess.run(
+            [*tmux, "capture-pane", "-p", "-t", "b"], capture_output=True, text=True, check=True
+        ).stdout
         if marker in pane:
             subprocess.run([*tmux, "clear-history", "-t", "b"], check=True)
             subprocess.run([*tmux, "send-keys", "-t", "b", "clear", "Enter"], check=True)

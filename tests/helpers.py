@@ -218,9 +218,11 @@ async def forwarding_proxy(
         async def handle(request: web.Request) -> web.Response:
             headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
             async with session.request(
-                request.method, target + request.path_qs, data=await request.read(),
+                request.method,
+                target + request.path_qs,
+                data=await request.read(),
                 headers=headers,
-            ) as resp:  # fmt: skip
+            ) as resp:
                 body, status = await resp.read(), resp.status
                 ctype = resp.headers.get("Content-Type", "application/json")
             seen(request)

@@ -147,7 +147,7 @@ def test_serve_on_an_address_not_of_this_machine_exits_2(tmp_path: Path) -> None
         ("auto", "bwrap", "runtime bwrap (auto);"),
         ("auto", "local", "runtime local (auto);"),
         ("local", "local", "runtime local;"),
-    ],  # fmt: skip
+    ],
 )
 def test_demo_summary_names_the_runtime_used(asked: str, used: str, shown: str) -> None:
     run = DemoRun(tasks=[], runtime=used)

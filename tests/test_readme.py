@@ -32,9 +32,11 @@ async def test_the_python_snippet_polls_every_job_to_the_end(
         script = tmp_path / "snippet.py"
         script.write_text(code)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(script), stdout=asyncio.subprocess.PIPE,
+            sys.executable,
+            str(script),
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         async with asyncio.timeout(90):
             out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()

@@ -126,9 +126,15 @@ def test_autoscaling_bounds_from_config_and_errors_name_the_field() -> None:
 
 async def test_cli_max_sandboxes_0_exits_2_naming_it() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prorl_async.cli", "serve", "--autoscale", "--max-sandboxes", "0",
+        sys.executable,
+        "-m",
+        "prorl_async.cli",
+        "serve",
+        "--autoscale",
+        "--max-sandboxes",
+        "0",
         stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     _, err = await proc.communicate()
     assert proc.returncode == 2 and b"max_sandboxes must be >= 1" in err
 

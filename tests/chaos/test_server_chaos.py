@@ -169,9 +169,20 @@ class Chaos:
     async def step(self) -> None:
         rng, client = self.rng, self.srv.client
         what = rng.choice(
-            ["submit", "submit", "submit", "cancel", "workers", "kill", "revive", "faults",
-             "sandbox", "sandbox", "warm_dies"]
-        )  # fmt: skip
+            [
+                "submit",
+                "submit",
+                "submit",
+                "cancel",
+                "workers",
+                "kill",
+                "revive",
+                "faults",
+                "sandbox",
+                "sandbox",
+                "warm_dies",
+            ]
+        )
         self.actions[what] += 1
         if what == "submit":
             await self.submit(rng.randint(1, 4))

@@ -14,10 +14,25 @@ from prorl_async.core.shared import Shared
 from prorl_async.schemas import ErrorInfo
 
 CONTRACT = [
-    "job_id", "task", "status", "reward", "prompt_ids", "response_ids", "response_mask",
-    "response_logprobs", "response_versions", "num_turns", "turns", "weight_versions",
-    "error", "timing", "eval", "metadata", "restarts", "seq",
-]  # fmt: skip
+    "job_id",
+    "task",
+    "status",
+    "reward",
+    "prompt_ids",
+    "response_ids",
+    "response_mask",
+    "response_logprobs",
+    "response_versions",
+    "num_turns",
+    "turns",
+    "weight_versions",
+    "error",
+    "timing",
+    "eval",
+    "metadata",
+    "restarts",
+    "seq",
+]
 
 
 class _Handler(AgentHandler):
@@ -40,9 +55,15 @@ class _Trajectory:
 
 def _job(extra: dict[str, Any], eval_: dict[str, Any]) -> Job:
     job = Job(
-        job_id="j-1", task="t", handler=_Handler(extra), instance=None, sampling_params={},
-        timeout_s=5.0, metadata={"m": 1}, shared=Shared(ServerConfig()),
-    )  # fmt: skip
+        job_id="j-1",
+        task="t",
+        handler=_Handler(extra),
+        instance=None,
+        sampling_params={},
+        timeout_s=5.0,
+        metadata={"m": 1},
+        shared=Shared(ServerConfig()),
+    )
     job.status, job.reward, job.eval, job.seq = "failed", 0.5, eval_, 7
     job.error = ErrorInfo("run", "X", "boom")
     job.trajectory = _Trajectory()

@@ -266,15 +266,23 @@ async def test_manager_loads_weights_in_place_mid_batch(
     # Short and long groups in turn: the long ones are still generating after a batch.
     lengths = [200 if i % 2 == 0 else 1400 for i in range(200)]
     prompts = [
-        {"task": "planted", "instance": {"outcome": "random", "seed": i},
-         "sampling_params": {"max_tokens": n, "ignore_eos": True, "seed": 900 + i}}
+        {
+            "task": "planted",
+            "instance": {"outcome": "random", "seed": i},
+            "sampling_params": {"max_tokens": n, "ignore_eos": True, "seed": 900 + i},
+        }
         for i, n in enumerate(lengths)
-    ]  # fmt: skip
+    ]
     async with weights_server(engine_server, vllm, engine_env) as srv:
         async with RolloutManager(
-            servers=[srv.url], prompts=prompts, group_size=2, batch_groups=2,
-            group_filter=None, max_version_lag=1, progress=False,
-        ) as m:  # fmt: skip
+            servers=[srv.url],
+            prompts=prompts,
+            group_size=2,
+            batch_groups=2,
+            group_filter=None,
+            max_version_lag=1,
+            progress=False,
+        ) as m:
             await m.set_weights(version=0, backends=[vllm.address])
             first = await m.next_batch()
 

@@ -92,8 +92,10 @@ async def test_loopback_ip_exported_unique_and_bindable(bwrap: BwrapRuntime) -> 
 
 
 async def test_default_rlimits_apply_inside(bwrap: BwrapRuntime) -> None:
-    show = "import resource as r; print(*(r.getrlimit(getattr(r, n))[1] for n in " \
-        "('RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_NPROC')))"  # fmt: skip
+    show = (
+        "import resource as r; print(*(r.getrlimit(getattr(r, n))[1] for n in "
+        "('RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_NPROC')))"
+    )
     async with await bwrap.start() as sb:
         r = await sb.exec(f'python3 -c "{show}"', timeout=10)
         lim = SandboxLimits()

@@ -214,9 +214,22 @@ async def test_no_start_waits_behind_a_warm_slot_in_any_order(tmp_path: Path, se
     async def step(warm: WarmPool) -> str:
         nonlocal admitting
         what = rng.choice(
-            ["job", "job", "job", "ok", "ok", "ok", "fail", "close", "close", "cancel",
-             "admission", "resize", "die"]
-        )  # fmt: skip
+            [
+                "job",
+                "job",
+                "job",
+                "ok",
+                "ok",
+                "ok",
+                "fail",
+                "close",
+                "close",
+                "cancel",
+                "admission",
+                "resize",
+                "die",
+            ]
+        )
         if what == "job":
             spec = rng.choice([WARM, WARM, FILES, LIMITS])
             jobs.append(job_start(rt, spec, rng.choice(["init", "run", "eval"])))

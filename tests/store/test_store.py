@@ -22,10 +22,17 @@ SLEEP0 = {"task": "sleep", "instance": {}}
 
 async def _serve_fails(tmp_path: Path, *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prorl_async.cli", "serve", "--port", "0",
-        "--state-dir", str(tmp_path / "state"), *args,
+        sys.executable,
+        "-m",
+        "prorl_async.cli",
+        "serve",
+        "--port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        *args,
         stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     async with asyncio.timeout(30):
         _, err = await proc.communicate()
     return proc.returncode or 0, err.decode()

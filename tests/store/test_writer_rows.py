@@ -255,8 +255,9 @@ def test_the_writer_commits_what_arrived_whole_when_its_input_ends(tmp_path: Pat
     script = Path(_commit.__file__)
     proc = subprocess.Popen(
         [sys.executable, "-I", "-S", str(script), str(path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert proc.stdin is not None
     whole = _commit.frame((1, [(store_sqlite._TOMBSTONE, ("j1", 1.0))], []))
     torn = _commit.frame((2, [(store_sqlite._TOMBSTONE, ("j2", 1.0))], []))

@@ -19,8 +19,10 @@ async def bash(client: ToolClient, command: str, **args: float) -> tuple[str, di
 
 
 async def test_state_persists_across_commands(client: ToolClient, workspace: Path) -> None:
-    assert await bash(client, "pwd") == (str(workspace), {
-        "exit_code": 0, "cwd": str(workspace), "timed_out": False})  # fmt: skip
+    assert await bash(client, "pwd") == (
+        str(workspace),
+        {"exit_code": 0, "cwd": str(workspace), "timed_out": False},
+    )
     (workspace / "sub").mkdir()
     await bash(client, 'cd sub && export GREETING=hello && greet() { echo "$GREETING $1"; }')
     output, data = await bash(client, "pwd; greet world")

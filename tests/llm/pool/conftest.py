@@ -21,9 +21,13 @@ def backend(pool: BackendPool, address: str) -> Backend:
 
 # Fast failover and probing so the health tests take milliseconds, not seconds.
 FAST = PoolConfig(
-    failure_threshold=2, probe_interval_s=0.02, probe_timeout_s=0.5, retries=3,
-    retry_backoff_s=0.0, request_timeout_s=5.0,
-)  # fmt: skip
+    failure_threshold=2,
+    probe_interval_s=0.02,
+    probe_timeout_s=0.5,
+    retries=3,
+    retry_backoff_s=0.0,
+    request_timeout_s=5.0,
+)
 
 
 @pytest.fixture

@@ -70,9 +70,13 @@ async def test_an_engine_that_stops_answering_is_failed_over_not_waited_out(
     a, b = await start_llm(), await start_llm()
     # A request timeout far beyond the test's bound: only the health probes can end the call.
     config = PoolConfig(
-        failure_threshold=2, probe_interval_s=0.05, probe_timeout_s=0.5, retries=2,
-        retry_backoff_s=0.0, request_timeout_s=600.0,
-    )  # fmt: skip
+        failure_threshold=2,
+        probe_interval_s=0.05,
+        probe_timeout_s=0.5,
+        retries=2,
+        retry_backoff_s=0.0,
+        request_timeout_s=600.0,
+    )
     async with BackendPool(config) as pool:
         await pool.register(a.address)
         await pool.register(b.address)
@@ -96,9 +100,13 @@ async def test_a_stalled_engine_with_no_other_backend_fails_the_call_naming_it(
 
     a: ScriptedLLM = await start_llm()
     config = PoolConfig(
-        failure_threshold=2, probe_interval_s=0.05, probe_timeout_s=0.5, retries=2,
-        retry_backoff_s=0.0, request_timeout_s=600.0,
-    )  # fmt: skip
+        failure_threshold=2,
+        probe_interval_s=0.05,
+        probe_timeout_s=0.5,
+        retries=2,
+        retry_backoff_s=0.0,
+        request_timeout_s=600.0,
+    )
     async with BackendPool(config) as pool:
         await pool.register(a.address)
         async with pool.lease() as lease:

@@ -116,8 +116,13 @@ def test_missing_logprobs_block_is_clamped_not_fatal() -> None:
     payload = {"choices": [{"token_ids": [5, 6], "logprobs": None, "finish_reason": "length"}]}
     gen = parse_vllm("http://x/v1", payload)
     assert gen.logprobs == [LOGPROB_FLOOR, LOGPROB_FLOOR] and gen.clamped == 2
-    inf = {"output_ids": [1], "meta_info": {"finish_reason": {"type": "stop"},
-           "output_token_logprobs": [[float("-inf"), 1, None]]}}  # fmt: skip
+    inf = {
+        "output_ids": [1],
+        "meta_info": {
+            "finish_reason": {"type": "stop"},
+            "output_token_logprobs": [[float("-inf"), 1, None]],
+        },
+    }
     assert parse_sglang("http://x", inf).clamped == 1
 
 
@@ -139,7 +144,7 @@ def test_missing_logprobs_block_is_clamped_not_fatal() -> None:
                         "finish_reason": "stop",
                     }
                 ]
-            },  # fmt: skip
+            },
             "token_logprobs",
         ),
     ],
@@ -235,8 +240,10 @@ class DroppingEngine:
                     return  # the keep-alive timer ended: close without an answer
                 length = re.search(rb"(?i)content-length: *(\d+)", head)
                 await reader.readexactly(int(length.group(1)) if length else 0)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: 2\r\n\r\n{}")  # fmt: skip
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: 2\r\n\r\n{}"
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             return
@@ -262,5 +269,7 @@ async def test_an_admin_call_dropped_twice_fails_naming_the_engine() -> None:
     ):
         with pytest.raises(EngineUnavailable, match=re.escape(engine.address)):
             await engine_pause(s, "vllm", engine.address, "keep", 5.0)
-    assert engine.requests == [(1, "POST /pause?mode=keep HTTP/1.1"),
-                               (2, "POST /pause?mode=keep HTTP/1.1")]  # fmt: skip
+    assert engine.requests == [
+        (1, "POST /pause?mode=keep HTTP/1.1"),
+        (2, "POST /pause?mode=keep HTTP/1.1"),
+    ]

@@ -142,9 +142,15 @@ async def test_new_weight_version_shows_in_later_generations(start_llm: StartLLM
             g2 = await lease.generate(PROMPT, 8, {})
         assert (g1.weight_version, g2.weight_version) == (7, 8)
         assert pool.snapshot() == [
-            {"address": a.address, "inflight": 0, "assigned": 1, "healthy": True,
-             "weight_version": 8, "max_model_len": None}
-        ]  # fmt: skip
+            {
+                "address": a.address,
+                "inflight": 0,
+                "assigned": 1,
+                "healthy": True,
+                "weight_version": 8,
+                "max_model_len": None,
+            }
+        ]
 
 
 async def test_killed_backend_fails_over_and_the_lease_moves(start_llm: StartLLM) -> None:
