@@ -24,8 +24,15 @@ from aiohttp import web
 
 _encoder = msgspec.json.Encoder()
 _ids = itertools.count()
-_TIMING = {"queued_s": 0.0, "init_s": 0.0, "run_s": 0.0, "eval_s": 0.0, "active_s": 0.0,
-           "backend_wait_s": 0.0, "total_s": 0.0}  # fmt: skip
+_TIMING = {
+    "queued_s": 0.0,
+    "init_s": 0.0,
+    "run_s": 0.0,
+    "eval_s": 0.0,
+    "active_s": 0.0,
+    "backend_wait_s": 0.0,
+    "total_s": 0.0,
+}
 
 
 class _Jobs(msgspec.Struct):
@@ -74,8 +81,7 @@ async def serve(port: int) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
     await site.start()
-    sock = site._server.sockets[0]  # type: ignore[union-attr]
-    sys.stderr.write(f"bare aiohttp listening on http://127.0.0.1:{sock.getsockname()[1]}\n")
+    sys.stderr.write(f"bare aiohttp listening on http://127.0.0.1:{runner.addresses[0][1]}\n")
     sys.stderr.flush()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._server import rss_mib, server  # noqa: E402
 from prorl_async.client import RolloutClient  # noqa: E402
 from prorl_async.notify import SIGNATURE_HEADER, verify  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 SECRET = "bench-secret"
 
@@ -64,13 +64,6 @@ async def receiver(port: int, status: int) -> AsyncIterator[Receiver]:
         yield rec
     finally:
         await runner.cleanup()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def _drain(c: RolloutClient, after: int, n: int) -> None:
@@ -107,7 +100,7 @@ async def throughput(
 
 
 async def down_then_up(config: str, jobs: int, down_s: float) -> dict[str, Any]:
-    port = _free_port()
+    port = free_port()
     env = {"PRORL_CALLBACK_SECRET": SECRET}
     job = {"task": "sleep", "instance": {}, "callback_url": f"http://127.0.0.1:{port}/hook"}
     async with server("--config", config, env=env) as (_, url), RolloutClient(url) as c:
@@ -127,10 +120,10 @@ async def down_then_up(config: str, jobs: int, down_s: float) -> dict[str, Any]:
 
 async def _rows(cfg: str, n: int, k: int) -> list[tuple[str, dict[str, Any]]]:
     rows = [("alone", await throughput(cfg, n))]
-    port = _free_port()
+    port = free_port()
     async with receiver(port, 500):
         rows.append((f"{k} failing (500)", await throughput(cfg, n, failing=k, to=port)))
-    rows.append((f"{k} failing (down)", await throughput(cfg, n, failing=k, to=_free_port())))
+    rows.append((f"{k} failing (down)", await throughput(cfg, n, failing=k, to=free_port())))
     async with receiver(port, 200):
         rows.append(("each with a callback", await throughput(cfg, n, hook=port)))
     return rows
@@ -141,23 +134,29 @@ async def main(args: argparse.Namespace) -> None:
         config = Path(tmp) / "server.toml"
         config.write_text('[callbacks]\nallow_hosts = ["127.0.0.1"]\n')
         runs = [await _rows(str(config), args.jobs, args.failing) for _ in range(args.repeat)]
-    print(f"\n{args.jobs} sleep jobs (0 s), in batches of 500, read by cursor; median of "
-          f"{args.repeat} runs (jobs/s of each run in brackets)")  # fmt: skip
+    print(
+        f"\n{args.jobs} sleep jobs (0 s), in batches of 500, read by cursor; median of "
+        f"{args.repeat} runs (jobs/s of each run in brackets)"
+    )
     print(f"{'':22} {'jobs/s':>7} {'attempts':>9} {'pending':>8}  runs")
     for i, (name, last) in enumerate(runs[-1]):
         rates = [run[i][1]["jobs/s"] for run in runs]
         cb = last["callbacks"]
-        print(f"{name:22} {statistics.median(rates):7.0f} {cb['attempts']:9d} "
-              f"{cb['pending']:8d}  [{', '.join(f'{r:.0f}' for r in rates)}]")  # fmt: skip
+        print(
+            f"{name:22} {statistics.median(rates):7.0f} {cb['attempts']:9d} "
+            f"{cb['pending']:8d}  [{', '.join(f'{r:.0f}' for r in rates)}]"
+        )
     if args.down:
         with tempfile.TemporaryDirectory() as tmp:
             config = Path(tmp) / "server.toml"
             config.write_text('[callbacks]\nallow_hosts = ["127.0.0.1"]\n')
             d = await down_then_up(str(config), args.down_jobs, args.down)
-        print(f"\n{args.down_jobs} jobs, receiver down {args.down:g} s then up: all "
-              f"delivered {d['after_up_s']:.1f} s after it came up; {d['posts']} posts, "
-              f"{d['bad']} bad signatures; attempts {d['attempts']}, "
-              f"delivered {d['delivered']}")  # fmt: skip
+        print(
+            f"\n{args.down_jobs} jobs, receiver down {args.down:g} s then up: all "
+            f"delivered {d['after_up_s']:.1f} s after it came up; {d['posts']} posts, "
+            f"{d['bad']} bad signatures; attempts {d['attempts']}, "
+            f"delivered {d['delivered']}"
+        )
 
 
 if __name__ == "__main__":

@@ -163,7 +163,8 @@ async def grid(
 def sandbox_seconds(job: dict[str, Any]) -> float:
     """Sandbox-seconds a job holds at the least: INIT and RUN, and a sandboxed EVAL."""
     inst = job["instance"]
-    return inst["init_s"] + inst["run_s"] + (inst["eval_s"] if inst.get("eval_sandbox") else 0.0)
+    held: float = inst["init_s"] + inst["run_s"]
+    return held + (inst["eval_s"] if inst.get("eval_sandbox") else 0.0)
 
 
 def upper_bound(jobs: list[dict[str, Any]], budget: int) -> tuple[float, str]:
@@ -276,8 +277,15 @@ async def _jit_run(
     from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 
     with tempfile.TemporaryDirectory() as state:
-        overrides = {"port": 0, "state_dir": state, "runtime": "bwrap", "init_workers": 8,
-                     "run_workers": run_workers, "max_sandboxes": 64, "jit_init": jit}  # fmt: skip
+        overrides = {
+            "port": 0,
+            "state_dir": state,
+            "runtime": "bwrap",
+            "init_workers": 8,
+            "run_workers": run_workers,
+            "max_sandboxes": 64,
+            "jit_init": jit,
+        }
         cfg = load_config(overrides=overrides, env={})
         latency = LatencyModel(ttft_s=ttft, capacity=2)
         async with (

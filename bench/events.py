@@ -209,23 +209,27 @@ async def streams(n: int, burst: int) -> dict[str, Any]:
 
 async def main(args: argparse.Namespace) -> None:
     ways: list[tuple[str, Reader]] = [
-        ("poll", read_poll), ("cursor", read_cursor), ("sse", read_sse),
-    ]  # fmt: skip
+        ("poll", read_poll),
+        ("cursor", read_cursor),
+        ("sse", read_sse),
+    ]
     rows = [await one_way(n, r, args.rate, args.seconds, args.run_s, args.store) for n, r in ways]
     print(
         f"\n{args.rate} jobs/s for {args.seconds:g} s, sleep {args.run_s:g} s, {args.store} store"
     )
     print(f"{'way':8} {'results':>8} {'req/result':>11} "
-          f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")  # fmt: skip
+          f"{'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")  # fmt: skip  # a table: header over row
     for r in rows:
         print(f"{r['way']:8} {r['results']:8d} {r['req/result']:11.4f} "
-              f"{r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['max_ms']:8.1f}")  # fmt: skip
+              f"{r['p50_ms']:8.1f} {r['p99_ms']:8.1f} {r['max_ms']:8.1f}")  # fmt: skip  # its row
     if args.streams:
         s = await streams(args.streams, args.burst)
-        print(f"\n{s['streams']} idle SSE streams: +{s['fds']} fds, "
-              f"+{s['rss_idle_mib']:.1f} MiB RSS idle, +{s['rss_after_burst_mib']:.1f} MiB "
-              f"after {args.burst} events to each ({s['kib_per_stream']:.1f} KiB a stream); "
-              f"the burst reached all in {s['burst_to_all_s']:.2f} s")  # fmt: skip
+        print(
+            f"\n{s['streams']} idle SSE streams: +{s['fds']} fds, "
+            f"+{s['rss_idle_mib']:.1f} MiB RSS idle, +{s['rss_after_burst_mib']:.1f} MiB "
+            f"after {args.burst} events to each ({s['kib_per_stream']:.1f} KiB a stream); "
+            f"the burst reached all in {s['burst_to_all_s']:.2f} s"
+        )
 
 
 if __name__ == "__main__":
@@ -233,8 +237,9 @@ if __name__ == "__main__":
     p.add_argument("--rate", type=int, default=1000, help="jobs submitted per second")
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--run-s", type=float, default=0.5, help="each sleep job's RUN time")
-    p.add_argument("--store", default="sqlite", help="sqlite (durable: the log waits for the "
-                   "commit) or memory")  # fmt: skip
+    p.add_argument(
+        "--store", default="sqlite", help="sqlite (durable: the log waits for the commit) or memory"
+    )
     p.add_argument("--streams", type=int, default=1000, help="idle SSE clients (0: skip)")
     p.add_argument("--burst", type=int, default=100, help="results sent to every stream")
     uvloop.run(main(p.parse_args()))

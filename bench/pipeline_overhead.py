@@ -120,10 +120,14 @@ async def closed_loop(
     def jobs(k: int) -> list[dict[str, Any]]:
         # Durations vary by +-spread, as rollouts do (identical ones run in lockstep bursts).
         return [
-            {"task": "sleep",
-             "instance": {k: v * rng.uniform(1 - spread, 1 + spread) for k, v in instance.items()}}
+            {
+                "task": "sleep",
+                "instance": {
+                    k: v * rng.uniform(1 - spread, 1 + spread) for k, v in instance.items()
+                },
+            }
             for _ in range(k)
-        ]  # fmt: skip
+        ]
 
     overheads: list[float] = []
     pending = set(await client.submit_batch(jobs(inflight)))
@@ -470,10 +474,10 @@ async def main() -> None:
     ap.add_argument("--pair-jobs", type=int, default=5_000, help="jobs per end-to-end burst")
     args = ap.parse_args()
     if args.pairs:
-        figs = await paired(args)
-        paired_report(args, figs)
+        paired_figs = await paired(args)
+        paired_report(args, paired_figs)
         if args.baseline is not None:
-            baseline_report(figs)
+            baseline_report(paired_figs)
             return  # a comparison: the detail passes below describe one checkout
         print()
     shown: dict[str, dict[str, str]] = {}

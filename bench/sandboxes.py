@@ -76,20 +76,27 @@ async def _concurrent(config: RuntimeConfig) -> list[tuple[str, str]]:
         await asyncio.gather(*(sb.aclose() for sb in sbs))
         closed = time.perf_counter() - t1
     return [
-        (f"{CONCURRENT} concurrent bwrap starts",
-         f"{started:.2f} s wall (all ready), close {closed:.2f} s"),
-        (f"{CONCURRENT} live bwrap sandboxes, RSS", f"{sandbox_rss:.0f} MiB in sandboxes "
-         f"({sandbox_rss / CONCURRENT:.1f} MiB each), server +{server_rss:.1f} MiB"),
-    ]  # fmt: skip
+        (
+            f"{CONCURRENT} concurrent bwrap starts",
+            f"{started:.2f} s wall (all ready), close {closed:.2f} s",
+        ),
+        (
+            f"{CONCURRENT} live bwrap sandboxes, RSS",
+            f"{sandbox_rss:.0f} MiB in sandboxes "
+            f"({sandbox_rss / CONCURRENT:.1f} MiB each), server +{server_rss:.1f} MiB",
+        ),
+    ]
 
 
 async def run_section() -> list[tuple[str, str]]:
     """Rows (what, figures) for the benchmark table."""
     with tempfile.TemporaryDirectory(prefix="psb-bench-") as tmp:
         config = RuntimeConfig(
-            state_dir=f"{tmp}/state", run_dir=f"{tmp}/run", loopback_dir=f"{tmp}/lo",
+            state_dir=f"{tmp}/state",
+            run_dir=f"{tmp}/run",
+            loopback_dir=f"{tmp}/lo",
             image_python=sys.executable,
-        )  # fmt: skip
+        )
         rows = [await _start_close("local", config, SandboxSpec())]
         if bwrap_problem() is not None:
             return rows + [("bwrap", f"unavailable: {bwrap_problem()}")]

@@ -98,9 +98,10 @@ async def fairness(workers: int, args: argparse.Namespace, tokens: str) -> dict[
 
 async def weights(workers: int, args: argparse.Namespace, tokens: str) -> dict[str, Any]:
     async with server("--run-workers", str(workers), "--tokens-file", tokens) as (_, url):
-        async with RolloutClient(url, token="token-c") as c, RolloutClient(
-            url, token="token-d"
-        ) as d:  # fmt: skip
+        async with (
+            RolloutClient(url, token="token-c") as c,
+            RolloutClient(url, token="token-d") as d,
+        ):
             await asyncio.gather(
                 c.submit_batch(_jobs(args.each, args.run_s)),
                 d.submit_batch(_jobs(args.each, args.run_s)),

@@ -18,7 +18,6 @@ import argparse
 import asyncio
 import importlib.util
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,9 +29,12 @@ from pathlib import Path
 
 import uvloop
 
-from prorl_async.toolserver.client import ToolClient
-from prorl_async.toolserver.kernel import IpcKernel
-from prorl_async.toolserver.shell import PtyShell
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from prorl_async.toolserver.client import ToolClient  # noqa: E402
+from prorl_async.toolserver.kernel import IpcKernel  # noqa: E402
+from prorl_async.toolserver.shell import PtyShell  # noqa: E402
+from tests.helpers import free_port  # noqa: E402
 
 Row = tuple[str, str]
 
@@ -62,9 +64,16 @@ async def _tool_server(workspace: str, tcp_port: int | None = None) -> AsyncIter
     sock = f"{tempfile.mkdtemp(prefix='bt-', dir='/tmp')}/tools.sock"
     extra = ["--tcp", f"127.0.0.1:{tcp_port}"] if tcp_port else []
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prorl_async.toolserver", "--socket", sock,
-        "--workspace", workspace, *extra, stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "prorl_async.toolserver",
+        "--socket",
+        sock,
+        "--workspace",
+        workspace,
+        *extra,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
     try:
         yield sock
     finally:
@@ -103,8 +112,10 @@ async def bash_rows(workspace: str, rounds: int) -> list[Row]:
 def _tmux_samples(rounds: int) -> list[float]:
     sock = f"/tmp/bench-tmux-{uuid.uuid4().hex[:8]}"
     tmux = ["tmux", "-S", sock]
-    subprocess.run([*tmux, "new-session", "-d", "-s", "b", "-x", "200", "-y", "50",
-                    "bash --norc --noprofile"], check=True)  # fmt: skip
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", "b", "-x", "200", "-y", "50", "bash --norc --noprofile"],
+        check=True,
+    )
     try:
         samples = []
         for i in range(rounds + 10):
@@ -123,8 +134,9 @@ def _tmux_command(tmux: list[str], command: str, marker: str) -> None:
     subprocess.run([*tmux, "send-keys", "-t", "b", typed, "Enter"], check=True)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        pane = subprocess.run([*tmux, "capture-pane", "-p", "-t", "b"], capture_output=True,
-                              text=True, check=True).stdout  # fmt: skip
+        pane = subprocess.run(
+            [*tmux, "capture-pane", "-p", "-t", "b"], capture_output=True, text=True, check=True
+        ).stdout
         if marker in pane:
             subprocess.run([*tmux, "clear-history", "-t", "b"], check=True)
             subprocess.run([*tmux, "send-keys", "-t", "b", "clear", "Enter"], check=True)
@@ -152,7 +164,7 @@ async def kernel_rows(workspace: str, rounds: int) -> list[Row]:
 
 
 async def transport_rows(workspace: str, rounds: int) -> list[Row]:
-    port = _free_port()
+    port = free_port()
     async with _tool_server(workspace, tcp_port=port) as sock:
         uds = await ToolClient.connect(sock)
         tcp = await ToolClient.connect_tcp("127.0.0.1", port)
@@ -165,12 +177,6 @@ async def transport_rows(workspace: str, rounds: int) -> list[Row]:
         ("ping request: TCP loopback", _fig(t)),
         ("", ratio),
     ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def sandbox_rows() -> list[Row]:

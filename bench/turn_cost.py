@@ -80,9 +80,16 @@ async def _episode(tok: ChatTokenizer, messages: list[dict[str, Any]]) -> tuple[
     reply = tok.encode(f"Let me look.\n<tool_call>\n{json.dumps(call)}\n</tool_call>")
     gen, traj = TimingGenerator(reply + [tok.eos_id]), Trajectory()
     await run_agent_loop(
-        generator=gen, tokenizer=tok, messages=messages, tools=InstantTools(), trajectory=traj,
-        max_turns=TURNS, max_model_len=1 << 20, sampling={}, max_tokens=4096,
-    )  # fmt: skip
+        generator=gen,
+        tokenizer=tok,
+        messages=messages,
+        tools=InstantTools(),
+        trajectory=traj,
+        max_turns=TURNS,
+        max_model_len=1 << 20,
+        sampling={},
+        max_tokens=4096,
+    )
     return gen.gaps, len(traj.prompt_ids) + len(traj.response_ids)
 
 

@@ -76,10 +76,12 @@ async def run_strategy(
     config.write_text(f'[pool]\non_interrupt = "{on_interrupt}"\n')
     out = Outcome(f"({key}) {label}")
     async with (
-        server("--config", str(config), "--tokenizer", str(models[0]), "--store", "memory")
-        as (_, url),
+        server("--config", str(config), "--tokenizer", str(models[0]), "--store", "memory") as (
+            _,
+            url,
+        ),
         RolloutClient(url) as client,
-    ):  # fmt: skip
+    ):
         await client.add_llm_server(engine.address, weight_version=0)
         await client.load_weights(0, str(models[0]))  # every strategy starts from seed 0
         start = time.monotonic()
@@ -112,9 +114,12 @@ async def _worker(
         job = {
             "task": "planted",
             "instance": {"outcome": "right", "seed": wid * 100_000 + n},
-            "sampling_params": {"max_tokens": rng.randint(64, 256), "ignore_eos": True,
-                                "seed": wid * 100_000 + n},
-        }  # fmt: skip
+            "sampling_params": {
+                "max_tokens": rng.randint(64, 256),
+                "ignore_eos": True,
+                "seed": wid * 100_000 + n,
+            },
+        }
         [job_id] = await client.submit_batch([job])
         doc = await client.result(job_id, wait=max(end - time.monotonic(), 0.0) + 0.5)
         if doc is not None and time.monotonic() <= end and doc["status"] == "done":
@@ -151,8 +156,10 @@ def _report(outcomes: list[Outcome], args: argparse.Namespace) -> None:
             o.metrics.get("prorl_tokens_discarded_total", 0) for o in outcomes if o.label[1] == "c"
         )
         ok = "met" if ratio >= 1.1 and thrown == 0 else "MISSED"
-        print(f"\n(c) / (b) useful tokens/s (medians): {ratio:.2f}; (c) thrown away: {thrown:.0f} "
-              f"(targets >= 1.1 and 0: {ok})")  # fmt: skip
+        print(
+            f"\n(c) / (b) useful tokens/s (medians): {ratio:.2f}; (c) thrown away: {thrown:.0f} "
+            f"(targets >= 1.1 and 0: {ok})"
+        )
 
 
 async def run(args: argparse.Namespace) -> None:

@@ -78,4 +78,4 @@ def engine_vocab(tok: ChatTokenizer, vocab: str | None) -> Tokenizer | None:
 
 
 # Server fixtures (make_server, blocking) for every test package.
-from tests.serverutil import blocking, make_server  # noqa: E402, F401
+from tests.helpers import blocking, make_server  # noqa: E402, F401

@@ -16,8 +16,14 @@ from typing import Any
 
 from tests.conftest import require
 
-__all__ = ["GSM8K_FILE", "GSM8K_ROWS", "SHARED_DATA", "humaneval_file", "load_gsm8k",
-           "load_humaneval"]  # fmt: skip
+__all__ = [
+    "GSM8K_FILE",
+    "GSM8K_ROWS",
+    "SHARED_DATA",
+    "humaneval_file",
+    "load_gsm8k",
+    "load_humaneval",
+]
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 GSM8K_FILE = Path(__file__).resolve().parent / "data" / "gsm8k_test.jsonl.gz"

@@ -50,7 +50,10 @@ PARSERS = dict(_parsers())
 
 def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
     text = action.help or ""
-    if issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter):
+    formatter = parser.formatter_class
+    if isinstance(formatter, type) and issubclass(
+        formatter, argparse.ArgumentDefaultsHelpFormatter
+    ):
         text += " (default: %(default)s)"
     return text
 
@@ -144,7 +147,7 @@ def test_serve_on_an_address_not_of_this_machine_exits_2(tmp_path: Path) -> None
         ("auto", "bwrap", "runtime bwrap (auto);"),
         ("auto", "local", "runtime local (auto);"),
         ("local", "local", "runtime local;"),
-    ],  # fmt: skip
+    ],
 )
 def test_demo_summary_names_the_runtime_used(asked: str, used: str, shown: str) -> None:
     run = DemoRun(tasks=[], runtime=used)

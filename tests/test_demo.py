@@ -18,8 +18,8 @@ from prorl_async.demo.summary import COLUMNS, summary_rows
 from prorl_async.sandbox import get_runtime
 from prorl_async.scripted_llm import ScriptedLLM
 from tests.conftest import require
+from tests.helpers import eventually
 from tests.proctree import descendants
-from tests.serverutil import eventually
 
 KINDS = {"math", "code-stdio", "code-function", "swe"}
 
@@ -131,11 +131,21 @@ def test_policy_reads_the_tool_output() -> None:
 
 def test_summary_rows_follow_the_task_order() -> None:
     docs: list[dict[str, Any]] = [
-        {"status": "done", "reward": 1.0, "num_turns": 2, "metadata": {"demo_kind": "swe"},
-         "timing": {"init_s": 1.0, "run_s": 2.0, "eval_s": 3.0}},
-        {"status": "failed", "reward": None, "num_turns": 1, "metadata": {"demo_kind": "math"},
-         "timing": {"init_s": 0.5}},
-    ]  # fmt: skip
+        {
+            "status": "done",
+            "reward": 1.0,
+            "num_turns": 2,
+            "metadata": {"demo_kind": "swe"},
+            "timing": {"init_s": 1.0, "run_s": 2.0, "eval_s": 3.0},
+        },
+        {
+            "status": "failed",
+            "reward": None,
+            "num_turns": 1,
+            "metadata": {"demo_kind": "math"},
+            "timing": {"init_s": 0.5},
+        },
+    ]
     rows = summary_rows(docs, 2.0, order=["math", "swe"])
     assert [r[0] for r in rows] == ["math", "swe", "all"]
     assert rows[0][1:5] == ["1", "0", "1", "-"]

@@ -281,14 +281,17 @@ def module_context_vars(package_dir: Path = PACKAGE) -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for path in package_dir.rglob("*.py"):
         for node in ast.parse(path.read_text(), str(path)).body:
-            value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
+            value: ast.expr | None = None
+            if isinstance(node, ast.Assign):
+                value, targets = node.value, node.targets
+            elif isinstance(node, ast.AnnAssign):
+                value, targets = node.value, [node.target]
             if not isinstance(value, ast.Call):
                 continue
             func = value.func
             called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             if called != "ContextVar":
                 continue
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names = {t.id for t in targets if isinstance(t, ast.Name)}
             out.setdefault(module_name(path, package_dir), set()).update(names)
     return out

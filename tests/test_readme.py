@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 
 from prorl_async.scripted_llm import ScriptedLLM
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
 def _client_snippet() -> str:
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
+    snippet: str
     (snippet,) = [b for b in blocks if "RolloutClient(" in b and "asyncio.run(" in b]
     return snippet
 
@@ -31,9 +32,11 @@ async def test_the_python_snippet_polls_every_job_to_the_end(
         script = tmp_path / "snippet.py"
         script.write_text(code)
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(script), stdout=asyncio.subprocess.PIPE,
+            sys.executable,
+            str(script),
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         async with asyncio.timeout(90):
             out, err = await proc.communicate()
     assert proc.returncode == 0, err.decode()

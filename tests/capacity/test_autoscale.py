@@ -14,10 +14,11 @@ from prorl_async.config import ConfigError, load_config
 from prorl_async.core.job import Stage
 from prorl_async.core.pipeline import Pipeline
 from prorl_async.store import MemoryJobStore
+from prorl_async.util.timer import PausableTimer
 from tests.capacity.budgeted import BudgetedHandler
 from tests.capacity.test_budget import scrape
 from tests.capacity.timers import entered
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 
 def _pipeline() -> Pipeline:
@@ -106,7 +107,7 @@ async def test_autoscale_grows_pools_under_load_within_the_budget(
         assert status["autoscale"] is True
         # One RUN worker at the start; the budget of 6 allows ~6 at once and it got there.
         assert peak_run >= 4 and pipe.pools[Stage.RUN].size >= 4, (peak_run, status["pools"])
-        assert srv.service.shared.runtime.budget.peak <= 6
+        assert srv.runtime.budget.peak <= 6
         text = await scrape(srv.url)
         assert 'prorl_autoscale_decisions_total{direction="up",stage="run"}' in text
 
@@ -125,9 +126,15 @@ def test_autoscaling_bounds_from_config_and_errors_name_the_field() -> None:
 
 async def test_cli_max_sandboxes_0_exits_2_naming_it() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prorl_async.cli", "serve", "--autoscale", "--max-sandboxes", "0",
+        sys.executable,
+        "-m",
+        "prorl_async.cli",
+        "serve",
+        "--autoscale",
+        "--max-sandboxes",
+        "0",
         stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     _, err = await proc.communicate()
     assert proc.returncode == 2 and b"max_sandboxes must be >= 1" in err
 
@@ -148,12 +155,13 @@ async def test_sandbox_seconds_count_only_the_evals_that_take_a_sandbox(
         )
         docs = [await srv.client.result(i, wait=30) for i in ids]
         assert all(d is not None and d["status"] == "done" for d in docs)
-        budget = srv.service.shared.runtime.budget
+        budget = srv.runtime.budget
         scaler = Autoscaler(srv.service.pipeline, lambda: budget, AutoscaleConfig())
         per_job = scaler.sandbox_seconds_per_job()
         st = srv.service.pipeline.stats
-        assert per_job is not None and st["init"].active.value is not None
-        held_to_run = st["init"].active.value + st["run"].service.value
+        init_active, run_service = st["init"].active.value, st["run"].service.value
+        assert per_job is not None and init_active is not None and run_service is not None
+        held_to_run = init_active + run_service
         held_to_run += st["run"].idle_sandbox_seconds / st["run"].service.count
         eval_part = per_job - held_to_run
         assert 0.08 <= eval_part <= 0.2, (eval_part, per_job)
@@ -189,7 +197,7 @@ def test_jobs_getting_longer_show_before_they_finish() -> None:
     for _ in range(100):
         st.finished(0.02, 0.02)
     assert scaler.desired("eval", 10.0) == 2
-    timers = {key: entered(st, key, active=2.0) for key in range(4)}
+    timers: dict[object, PausableTimer] = {key: entered(st, key, active=2.0) for key in range(4)}
     assert scaler.service_time("eval") == 2.0
     assert scaler.desired("eval", 10.0) == math.ceil(10 * 2.0) + 1
     timers["straggler"] = entered(st, "straggler", active=500.0)  # the median ignores it

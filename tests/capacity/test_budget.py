@@ -4,6 +4,7 @@ sandboxes through HTTP with ``max_sandboxes=8`` and 40 jobs."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from prorl_async.stages import StageScope
 from prorl_async.util.timer import PausableTimer
 from tests.handlers.policies import require_bwrap
-from tests.serverutil import ServerFactory, eventually
+from tests.helpers import ServerFactory, eventually
 
 GiB = 1 << 30
 
@@ -79,12 +80,12 @@ async def test_a_freed_slot_goes_to_the_latest_stage_first() -> None:
         order.append(str(stage))
 
     tasks = []
-    for n, stage in enumerate([None, "init", "run", "eval", "init"]):
+    for stage in [None, "init", "run", "eval", "init"]:
         tasks.append(asyncio.create_task(take(stage)))
-        await eventually(lambda n=n: budget.waiting == n + 1)
+        await eventually(lambda: budget.waiting == len(tasks))
     for n in range(5):
         budget.release()
-        await eventually(lambda n=n: len(order) == n + 1)
+        await eventually(functools.partial(lambda k: len(order) == k, n + 1))
     assert order == ["eval", "run", "init", "init", "None"]
     await asyncio.gather(*tasks)
 
@@ -158,7 +159,7 @@ async def test_max_sandboxes_8_with_40_jobs_never_exceeds_8_and_all_finish(
                 polled = await srv.client.poll(list(pending), wait=0.05)
                 pending -= {r["job_id"] for r in polled["done"]}
                 assert all(r["status"] == "done" for r in polled["done"]), polled["done"]
-        budget = srv.service.shared.runtime.budget
+        budget = srv.runtime.budget
         assert max(s["sandboxes"] for s in samples) <= 8
         assert max(s["sandbox_budget"]["live"] for s in samples) <= 8
         assert budget.peak <= 8  # exact, not sampled

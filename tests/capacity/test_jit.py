@@ -7,6 +7,7 @@ eager INIT, in peak and idle sandbox-seconds, is measured by ``bench/capacity.py
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +24,7 @@ from prorl_async.util.pulse import Pulse
 from prorl_async.util.timer import PausableTimer
 from tests.capacity.timers import entered
 from tests.handlers.policies import require_bwrap
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 INIT_WORKERS = 8
 
@@ -67,19 +68,18 @@ def _record(pipe: Pipeline, monkeypatch: pytest.MonkeyPatch) -> list[Decision]:
     decide = jit.open
 
     def open_and_record() -> bool:
-        seen = {
-            "init": pipe.active[Stage.INIT],
-            "queued_run": pipe.queued[Stage.RUN],
-            "waiting": pipe.stats["run"].paused(),
-            "busy_run": pipe.active[Stage.RUN],
-            "run_workers": pipe.pools[Stage.RUN].size,
-            "declared": jit.backend_capacity(),
-        }
+        seen = functools.partial(  # the pipeline before the decision
+            Decision,
+            init=pipe.active[Stage.INIT],
+            queued_run=pipe.queued[Stage.RUN],
+            waiting=pipe.stats["run"].paused(),
+            busy_run=pipe.active[Stage.RUN],
+            run_workers=pipe.pools[Stage.RUN].size,
+            declared=jit.backend_capacity(),
+        )
         targets.clear()
         admitted = decide()
-        decisions.append(
-            Decision(**seen, learned=jit.backend_slots, target=targets[-1], admitted=admitted)
-        )
+        decisions.append(seen(learned=jit.backend_slots, target=targets[-1], admitted=admitted))
         return admitted
 
     jit.open = open_and_record  # type: ignore[method-assign]

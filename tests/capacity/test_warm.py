@@ -14,7 +14,7 @@ from prorl_async.sandbox.runtime import Runtime
 from prorl_async.scripted_llm import ScriptedLLM
 from prorl_async.stages import StageScope
 from tests.handlers.policies import require_bwrap
-from tests.serverutil import Server, ServerFactory, eventually
+from tests.helpers import Server, ServerFactory, eventually, warm_pool
 
 WARM = 3
 
@@ -28,8 +28,8 @@ async def test_math_init_takes_a_warm_sandbox_and_the_pool_refills(
         make_server(runtime="bwrap", warm_sandboxes=WARM, max_sandboxes=4) as srv,
     ):
         await srv.client.add_llm_server(llm.address)
-        runtime = srv.service.shared.runtime
-        warm = runtime.warm
+        runtime = srv.runtime
+        warm = warm_pool(runtime)
         await eventually(lambda: warm.ready == WARM, timeout=30)
         assert (await srv.client.status())["sandbox_budget"]["warm_ready"] == WARM
         handed: set[int] = set()
@@ -57,15 +57,16 @@ async def test_a_start_of_another_spec_evicts_a_warm_sandbox_within_the_budget(
         make_server(runtime="bwrap", warm_sandboxes=2, max_sandboxes=2) as srv,
     ):
         await srv.client.add_llm_server(llm.address)
-        runtime = srv.service.shared.runtime
-        await eventually(lambda: runtime.warm.ready == 2, timeout=30)
+        runtime = srv.runtime
+        warm = warm_pool(runtime)
+        await eventually(lambda: warm.ready == 2, timeout=30)
         # Files make the spec instance-dependent: it cannot use a warm one, so it waits for
         # a slot and a warm sandbox gives its slot up.
         instance = {"prompt": "x", "files": {"a.txt": "hi"}, "reward_command": "cat a.txt"}
         res = await srv.client.result(await srv.client.submit("sandbox", instance), wait=30)
         assert res is not None and res["status"] == "done" and res["reward"] == 1.0, res
-        assert runtime.warm.taken == 0 and runtime.budget.peak <= 2
-        await eventually(lambda: runtime.warm.ready == 2, timeout=30)
+        assert warm.taken == 0 and runtime.budget.peak <= 2
+        await eventually(lambda: warm.ready == 2, timeout=30)
         status = await srv.client.status()
         assert status["sandbox_budget"]["live"] == 2 and "warm" in status["idle_sandbox_seconds"]
 
@@ -100,8 +101,8 @@ async def test_jobs_submitted_while_the_warm_pool_fills_get_slots(
         ScriptedLLM(policy="finish") as llm,
         make_server(runtime="bwrap", warm_sandboxes=4, max_sandboxes=2) as srv,
     ):
-        runtime = srv.service.shared.runtime
-        budget, warm = runtime.budget, runtime.warm
+        runtime = srv.runtime
+        budget, warm = runtime.budget, warm_pool(runtime)
         await srv.client.add_llm_server(llm.address)
         await eventually(lambda: budget.live == 2)  # the warm starts hold the whole budget
         assert warm.ready == 0

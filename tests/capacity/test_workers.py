@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import TypeVar
 
 import pytest
 
 from prorl_async.client import BadRequestError
+from prorl_async.core.job import Stage
 from prorl_async.stages import StageQueue
 from tests.blocking import BlockingHandler
 from tests.capacity.test_budget import scrape
-from tests.serverutil import ServerFactory, eventually
+from tests.helpers import ServerFactory, eventually
+
+T = TypeVar("T")
 
 
 def _in_run(blocking: BlockingHandler, ids: list[str]) -> set[str]:
@@ -27,29 +31,29 @@ async def test_resize_up_and_down_under_load_never_cancels(
         ids = await srv.client.submit_batch(
             [{"task": "blocking", "instance": {"block": ["run"]}}] * 12
         )
-        await eventually(lambda: svc.pipeline.active[_run()] == 2)
+        await eventually(lambda: svc.pipeline.active[Stage.RUN] == 2)
         assert len(_in_run(blocking, ids)) == 2
 
         status = await srv.client.set_workers(run=6)
         assert status["workers"]["run"] == 6 and status["pools"]["run"]["configured"] == 6
         # Observed concurrency follows: six jobs are inside RUN at once now.
-        await eventually(lambda: svc.pipeline.active[_run()] == 6)
+        await eventually(lambda: svc.pipeline.active[Stage.RUN] == 6)
         assert len(_in_run(blocking, ids)) == 6
 
         status = await srv.client.set_workers(run=1)
         pool = status["pools"]["run"]
         # Nobody was cancelled: the six busy workers stay until their job ends.
         assert pool == {"configured": 1, "live": 6, "busy": 6}
-        assert svc.pipeline.active[_run()] == 6 and not blocking.released
+        assert svc.pipeline.active[Stage.RUN] == 6 and not blocking.released
         running = sorted(_in_run(blocking, ids))
         for job_id in running:
             blocking.release(job_id)
-        await eventually(lambda: svc.pipeline.pools[_run()].live == 1)
+        await eventually(lambda: svc.pipeline.pools[Stage.RUN].live == 1)
         # From now on one job at a time: release whoever enters RUN until all are done.
         seen_at_once = 0
         while len(running) < len(ids):
             await eventually(lambda: bool(_in_run(blocking, ids) - set(running)))
-            seen_at_once = max(seen_at_once, svc.pipeline.active[_run()])
+            seen_at_once = max(seen_at_once, svc.pipeline.active[Stage.RUN])
             (job_id,) = _in_run(blocking, ids) - set(running)
             blocking.release(job_id)
             running.append(job_id)
@@ -61,12 +65,6 @@ async def test_resize_up_and_down_under_load_never_cancels(
         assert 'prorl_stage_workers{stage="run",state="configured"} 1.0' in text
         assert 'prorl_stage_workers{stage="init",state="configured"} 8.0' in text
         assert 'prorl_stage_workers{stage="run",state="busy"} 0.0' in text
-
-
-def _run():  # type: ignore[no-untyped-def]
-    from prorl_async.core.job import Stage
-
-    return Stage.RUN
 
 
 @pytest.mark.parametrize(
@@ -94,7 +92,7 @@ async def test_client_rejects_zero(make_server: ServerFactory) -> None:
 # -- StageQueue: the queue a pool drains (asyncio.Queue's semantics for get and put) --------
 
 
-def _waiting(q: StageQueue[object], n: int) -> Callable[[], bool]:
+def _waiting(q: StageQueue[T], n: int) -> Callable[[], bool]:
     return lambda: len(q._getters) == n
 
 

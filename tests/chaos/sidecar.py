@@ -136,11 +136,19 @@ class ServerProc:
     async def start(self) -> str:
         assert not self.up
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "prorl_async.cli", "serve", "--port", "0",
-            "--state-dir", self.state_dir, *self.args,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            sys.executable,
+            "-m",
+            "prorl_async.cli",
+            "serve",
+            "--port",
+            "0",
+            "--state-dir",
+            self.state_dir,
+            *self.args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
             stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         self.proc = proc
         self.pids.append(proc.pid)
         listening: asyncio.Future[str] = asyncio.get_running_loop().create_future()

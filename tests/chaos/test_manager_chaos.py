@@ -200,9 +200,13 @@ class SidecarProc:
         path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
         env = {**os.environ, "PYTHONPATH": path}
         self._proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tests.chaos.sidecar", env=env,
-            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+            sys.executable,
+            "-m",
+            "tests.chaos.sidecar",
+            env=env,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
 
     async def call(self, op: str, **args: Any) -> Any:
         proc = self._proc
@@ -296,10 +300,10 @@ class Rig:
 class Chaos:
     """Injects one seed's schedule of faults until stopped; :meth:`heal` undoes them all."""
 
-    ACTIONS = (
-        ["kill", "restart", "restart", "stop", "stop", "net", "net"]
-        + ["engine_faults", "engine_faults", "engine_kill", "engine_revive"]
-    )  # fmt: skip
+    ACTIONS = [
+        *["kill", "restart", "restart", "stop", "stop", "net", "net"],
+        *["engine_faults", "engine_faults", "engine_kill", "engine_revive"],
+    ]
 
     def __init__(self, rng: random.Random, rig: Rig) -> None:
         self.rng = rng
@@ -333,14 +337,21 @@ class Chaos:
             task.add_done_callback(self._resumes.discard)
         elif what == "net":
             i = rng.randrange(len(rig.servers))
-            await rig.sidecar.call("proxy", i=i, error_rate=rng.choice([0.0, 0.0, 0.1, 0.3]),
-                                   drop_rate=rng.choice([0.0, 0.0, 0.1, 0.2]))  # fmt: skip
+            await rig.sidecar.call(
+                "proxy",
+                i=i,
+                error_rate=rng.choice([0.0, 0.0, 0.1, 0.3]),
+                drop_rate=rng.choice([0.0, 0.0, 0.1, 0.2]),
+            )
         elif what == "engine_faults":
             i = rng.randrange(len(rig.engines))
-            await rig.sidecar.call("engine_faults", i=i,
-                                   error_rate=rng.choice([0.0, 0.0, 0.3, 1.0]),
-                                   drop_rate=rng.choice([0.0, 0.0, 0.2]),
-                                   hang_rate=rng.choice([0.0, 0.0, 0.1]))  # fmt: skip
+            await rig.sidecar.call(
+                "engine_faults",
+                i=i,
+                error_rate=rng.choice([0.0, 0.0, 0.3, 1.0]),
+                drop_rate=rng.choice([0.0, 0.0, 0.2]),
+                hang_rate=rng.choice([0.0, 0.0, 0.1]),
+            )
         elif what == "engine_kill" and sum(rig.engine_up) >= 2:
             i = rng.choice([i for i, up in enumerate(rig.engine_up) if up])
             rig.engine_up[i] = False
@@ -371,8 +382,9 @@ class Chaos:
             if not rig.engine_up[i]:
                 await rig.sidecar.call("engine_revive", i=i)
                 rig.engine_up[i] = True
-            await rig.sidecar.call("engine_faults", i=i, error_rate=0.0, drop_rate=0.0,
-                                   hang_rate=0.0)  # fmt: skip
+            await rig.sidecar.call(
+                "engine_faults", i=i, error_rate=0.0, drop_rate=0.0, hang_rate=0.0
+            )
         for i in range(len(rig.servers)):
             await rig.sidecar.call("proxy", i=i, error_rate=0.0, drop_rate=0.0)
 
@@ -426,8 +438,8 @@ class Ledger:
             for k, result in enumerate(group.results):
                 mine = result["metadata"]["prorl_trainer"]
                 key = f"{uid}-{k}"
-                assert (mine["run"], mine["prompt_uid"], mine["sample"], mine["sample_key"]) == (
-                    run, uid, k, key), f"{where}: {uid} sample {k}: {mine}"  # fmt: skip
+                got = (mine["run"], mine["prompt_uid"], mine["sample"], mine["sample_key"])
+                assert got == (run, uid, k, key), f"{where}: {uid} sample {k}: {mine}"
                 assert result["job_id"] == f"{run}-{uid}-{k}-{mine['attempt']}", where
                 assert result["job_id"] not in self.job_ids, f"{where}: {key} returned twice"
                 self.job_ids.add(result["job_id"])
@@ -538,8 +550,10 @@ class Trainer:
                         f"(stall_timeout_s {STALL_TIMEOUT_S:g}): {await self.diagnosis()}"
                     )
                 if not call.done() and now - start > NO_BATCH_S:
-                    pytest.fail(f"{where}: results but no batch for {NO_BATCH_S:g} s: "
-                                f"{await self.diagnosis()}")  # fmt: skip
+                    pytest.fail(
+                        f"{where}: results but no batch for {NO_BATCH_S:g} s: "
+                        f"{await self.diagnosis()}"
+                    )
         finally:
             if not call.done():
                 call.cancel()
@@ -564,11 +578,13 @@ class Trainer:
                 status = await client.status()
             seen[sample["job_id"]] = {
                 "done": [(r["status"], r["error"]) for r in out["done"]],
-                "pending": out["pending"], "unknown": out["unknown"],
+                "pending": out["pending"],
+                "unknown": out["unknown"],
                 "server": {k: status[k] for k in ("queues", "active", "backend_waiting")},
-                "backends": [(b["address"], b["healthy"], b["weight_version"])
-                             for b in status["backends"]],
-            }  # fmt: skip
+                "backends": [
+                    (b["address"], b["healthy"], b["weight_version"]) for b in status["backends"]
+                ],
+            }
         servers = [(s.name, s.up, s.stopped, s.starts) for s in rig.servers]
         return (
             f"{report['message']}; last result {time.monotonic() - dispatcher.last_result:.1f} s "
@@ -682,7 +698,10 @@ class BeatAccount:
             stolen_ms = max(stolen, default=0.0) * 1000
             if late_ms > self.late_ms:
                 self.late_ms, self.late_queued_ms, self.late_stolen_ms = (
-                    late_ms, queued_ms, stolen_ms)  # fmt: skip
+                    late_ms,
+                    queued_ms,
+                    stolen_ms,
+                )
             held_ms = max(late_ms - queued_ms - stolen_ms, 0.0)
             if held_ms > self.held_ms:
                 self.held_ms, self.held_cpu_ms = held_ms, (mark[0] - self._mark[0]) * 1000
@@ -724,8 +743,16 @@ def _steal_s() -> list[float]:
 
 def _server_args(setup: Setup, i: int, config: Path) -> list[str]:
     """``serve`` arguments of server ``i`` (the state dir is given apart)."""
-    return ["--config", str(config), "--run-workers", str(setup.run_workers[i]),
-            "--store", setup.stores[i], "--on-restart", setup.on_restart[i]]  # fmt: skip
+    return [
+        "--config",
+        str(config),
+        "--run-workers",
+        str(setup.run_workers[i]),
+        "--store",
+        setup.stores[i],
+        "--on-restart",
+        setup.on_restart[i],
+    ]
 
 
 async def unfinished_jobs(url: str, ids: list[str]) -> dict[str, Any]:

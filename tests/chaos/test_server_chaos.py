@@ -38,7 +38,7 @@ from prorl_async.sandbox import RuntimeConfig, SandboxLimits, SandboxSpec, WarmP
 from prorl_async.sandbox.runtime import SandboxStartError
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from tests.chaos.fake_runtime import FakeRuntime, FakeSandbox, FakeStart
-from tests.serverutil import Server, ServerFactory, eventually
+from tests.helpers import Server, ServerFactory, eventually
 
 DURATION_S = float(os.environ.get("PRORL_CHAOS_DURATION_S", "3"))
 # Past the longest job budget, once the chaos has stopped: time for the backends to be
@@ -153,7 +153,7 @@ class Chaos:
         self.actions: collections.Counter[str] = collections.Counter()
 
     async def submit(self, n: int) -> None:
-        jobs = []
+        jobs: list[dict[str, Any]] = []
         for _ in range(n):
             timeout = round(self.rng.uniform(*TIMEOUTS_S), 2)
             instance = {
@@ -169,9 +169,20 @@ class Chaos:
     async def step(self) -> None:
         rng, client = self.rng, self.srv.client
         what = rng.choice(
-            ["submit", "submit", "submit", "cancel", "workers", "kill", "revive", "faults",
-             "sandbox", "sandbox", "warm_dies"]
-        )  # fmt: skip
+            [
+                "submit",
+                "submit",
+                "submit",
+                "cancel",
+                "workers",
+                "kill",
+                "revive",
+                "faults",
+                "sandbox",
+                "sandbox",
+                "warm_dies",
+            ]
+        )
         self.actions[what] += 1
         if what == "submit":
             await self.submit(rng.randint(1, 4))
@@ -318,10 +329,10 @@ async def test_every_job_ends_and_the_server_returns_to_idle(
                 and sum(status["jobs"].values()) == len(chaos.ids)
             )
 
-        try:
-            await eventually(idle, timeout=10)
-        except TimeoutError:
-            pytest.fail(f"{where}: not idle after every job ended: {await srv.client.status()}")
+        async def state() -> str:
+            return f"{where}: idle after every job ended; status {await srv.client.status()}"
+
+        await eventually(idle, timeout=10, what=state)
         budget = runtime.budget
         assert budget.capacity is not None and budget.peak <= budget.capacity, where
         errors = collections.Counter(

@@ -5,11 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 from tests.cluster.slurm import PrivateSlurm
+from tests.helpers import eventually_sync
 
 SBATCH = Path(__file__).resolve().parents[2] / "deploy" / "slurm" / "prorl.sbatch"
 PRORL = f"{sys.executable} -m prorl_async.cli"
@@ -37,21 +36,9 @@ def job_field(slurm: PrivateSlurm, job: str, name: str) -> str:
     raise AssertionError(f"no {name} in {out}")
 
 
-def wait_for(check: Callable[[], bool], timeout: float, what: str | Callable[[], str]) -> float:
-    """Poll ``check`` (state of other processes: nothing to await) until true; elapsed s."""
-    start = time.monotonic()
-    while not check():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(
-                f"not within {timeout} s: {what if isinstance(what, str) else what()}"
-            )
-        time.sleep(0.1)
-    return time.monotonic() - start
-
-
 def wait_ended(slurm: PrivateSlurm, job: str, timeout: float) -> str:
     ended = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
-    wait_for(lambda: job_field(slurm, job, "JobState") in ended, timeout, f"job {job} ends")
+    eventually_sync(lambda: job_field(slurm, job, "JobState") in ended, timeout, f"job {job} ends")
     return job_field(slurm, job, "JobState")
 
 
@@ -77,7 +64,7 @@ def job_processes(job: str) -> dict[int, str]:
 
 
 def wait_no_processes(job: str, timeout: float) -> float:
-    return wait_for(
+    return eventually_sync(
         lambda: not job_processes(job),
         timeout,
         lambda: f"no process of job {job} left: {job_processes(job)}",

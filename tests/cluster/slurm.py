@@ -9,7 +9,6 @@ daemon is this object's child and is stopped by pid in :meth:`stop`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
 import shutil
@@ -18,6 +17,8 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+
+from tests.helpers import eventually_sync, free_ports
 
 __all__ = ["NODES", "PrivateSlurm", "slurm_available"]
 
@@ -28,14 +29,6 @@ _BINARIES = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "munged", "mun
 
 def slurm_available() -> bool:
     return all(shutil.which(b) for b in _BINARIES)
-
-
-def _free_ports(count: int) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for s in socks:
-            s.bind(("0.0.0.0", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 class PrivateSlurm:
@@ -77,11 +70,7 @@ class PrivateSlurm:
                 f"--seed-file={m / 'seed'}",
             ],
         )
-        deadline = time.monotonic() + 20
-        while not self._munge_ok():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"munged did not come up; see {m / 'munged.log'}")
-            time.sleep(0.05)
+        eventually_sync(self._munge_ok, 20, f"munged up; see {m / 'munged.log'}", interval=0.05)
 
     def _munge_ok(self) -> bool:
         cred = subprocess.run(["munge", "-n", "-S", str(self.socket)], capture_output=True)
@@ -93,7 +82,7 @@ class PrivateSlurm:
         return check.returncode == 0
 
     def _write_conf(self) -> None:
-        ctld_port, *node_ports = _free_ports(1 + len(NODES))
+        ctld_port, *node_ports = free_ports(1 + len(NODES), host="0.0.0.0")
         host = socket.gethostname().split(".")[0]
         b = self.base
         nodes = "\n".join(
@@ -140,23 +129,23 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         self._daemons.append(proc)
 
     def _wait_idle(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
         state = ""
-        while time.monotonic() < deadline:
+
+        def idle() -> bool:
+            nonlocal state
             for proc in self._daemons:
                 if proc.poll() is not None:
                     raise RuntimeError(
-                        f"{proc.args} exited ({proc.returncode}); see {self.base}/log"
+                        f"{proc.args!r} exited ({proc.returncode}); see {self.base}/log"
                     )
             state = self.run("sinfo", "-h", "-o", "%T", check=False).stdout
             states = set(state.split())
-            if states and states <= {"idle", "mixed", "allocated", "completing"}:
-                return
             if states & {"down", "drain", "fail", "down*", "drained"}:
                 self.run("scontrol", "update", "NodeName=n[1-3]", "State=RESUME", check=False)
-            time.sleep(0.1)
-        raise RuntimeError(
-            f"Slurm nodes not idle after {timeout} s (state {state!r}); see {self.base}/log"
+            return bool(states) and states <= {"idle", "mixed", "allocated", "completing"}
+
+        eventually_sync(
+            idle, timeout, lambda: f"Slurm nodes idle (state {state!r}); see {self.base}/log"
         )
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -182,7 +171,7 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
         shutil.rmtree(self._munge_dir, ignore_errors=True)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m tests.cluster.slurm DIR
     import sys
 
     slurm = PrivateSlurm(Path(sys.argv[1]))

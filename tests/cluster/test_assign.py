@@ -9,7 +9,9 @@ import pytest
 from prorl_async.cluster import LLMEntry, ServerEntry, assign
 
 
-def _layout(servers_per_node: list[int], llms_per_node: list[int]):  # type: ignore[no-untyped-def]
+def _layout(
+    servers_per_node: list[int], llms_per_node: list[int]
+) -> tuple[list[ServerEntry], list[LLMEntry]]:
     servers = [
         ServerEntry(f"http://n{n}:{9000 + i}", f"n{n}")
         for n, k in enumerate(servers_per_node)

@@ -10,7 +10,7 @@ from pathlib import Path
 import aiohttp
 
 from prorl_async.api.serve import write_port_file
-from tests.serverutil import eventually
+from tests.helpers import eventually
 
 
 async def _healthz(url: str) -> int:

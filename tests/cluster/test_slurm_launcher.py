@@ -21,10 +21,10 @@ from tests.cluster.jobs import (
     job_processes,
     submit,
     wait_ended,
-    wait_for,
     wait_no_processes,
 )
 from tests.cluster.slurm import ADDRS, PrivateSlurm
+from tests.helpers import eventually_sync
 
 TOKEN = "t0ken-not-on-any-command-line"
 
@@ -146,7 +146,7 @@ def test_scancel_mid_run_leaves_nothing(slurm: PrivateSlurm, tmp_path: Path) -> 
     }
     job = submit(slurm, tmp_path, env, "-N", "3")
     cluster = tmp_path / f"prorl-{job}" / "cluster.json"
-    wait_for(
+    eventually_sync(
         lambda: cluster.exists() and len(_sandbox_records(state)) >= 3,
         90,
         lambda: f"rollouts running; job.out: {(tmp_path / 'job.out').read_text()}",
@@ -221,7 +221,7 @@ def test_time_limit_stops_servers_gracefully_then_llms(slurm: PrivateSlurm, tmp_
     }
     job = submit(slurm, tmp_path, env, "-N", "3", "--time=10")
     run = tmp_path / f"prorl-{job}"
-    wait_for((run / "cluster.json").exists, 90, lambda: (tmp_path / "job.out").read_text())
+    eventually_sync((run / "cluster.json").exists, 90, lambda: (tmp_path / "job.out").read_text())
     # Less time left than the --signal=B:TERM@120 warning, so the batch shell is warned, but
     # over a minute before the hard limit (at which Slurm signals every step at once).
     slurm.run("scontrol", "update", f"JobId={job}", f"TimeLimit={_minutes_run(slurm, job) + 2}")
@@ -280,7 +280,9 @@ def test_batch_sigterm_stops_a_compound_trainer_and_its_children(
         "PRORL_TRAINER_CMD": f'cd {tmp_path} && python3 -c "{stubborn}"',
     }
     job = submit(slurm, tmp_path, env, "-N", "1")
-    wait_for(lambda: pid_file.exists() and pid_file.read_text() != "", 90, "the trainer runs")
+    eventually_sync(
+        lambda: pid_file.exists() and pid_file.read_text() != "", 90, "the trainer runs"
+    )
     slurm.run("scancel", "--batch", "--signal=TERM", job)
     wait_ended(slurm, job, 60)
     wait_no_processes(job, 30)

@@ -9,7 +9,7 @@ import aiohttp
 import msgspec
 import pytest
 
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 
 def _deep(depth: int) -> bytes:

@@ -15,7 +15,7 @@ from prorl_async.api.app import CONNECTIONS
 from prorl_async.client import RolloutClient
 from prorl_async.scripted_llm import ScriptedLLM
 from tests.conftest import require
-from tests.serverutil import ServerFactory, eventually
+from tests.helpers import ServerFactory, eventually
 
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import aiohttp
 
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 
 async def test_an_empty_body_says_so(make_server: ServerFactory) -> None:

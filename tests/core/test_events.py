@@ -11,7 +11,7 @@ import pytest
 
 from bench._server import open_fds, rss_mib
 from prorl_async.client import RolloutClient
-from tests.serverutil import ServerFactory, eventually, server_process
+from tests.helpers import ServerFactory, eventually, server_process
 from tests.sse import open_events
 
 SLEEP = {"task": "sleep", "instance": {}}

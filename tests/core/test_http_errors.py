@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 
-async def _call(url: str, method: str, path: str, **kw: object) -> tuple[int, dict, str, dict]:
-    async with aiohttp.ClientSession() as s, s.request(method, url + path, **kw) as r:  # type: ignore[arg-type]
+async def _call(
+    url: str,
+    method: str,
+    path: str,
+    data: bytes | io.BytesIO | None = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, Any], str, dict[str, str]]:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.request(method, url + path, data=data, headers=headers) as r,
+    ):
         ctype = r.headers.get("Content-Type", "")
         body = await r.json(content_type=None) if "json" in ctype else {}
         return r.status, body, r.headers.get("Content-Type", ""), dict(r.headers)

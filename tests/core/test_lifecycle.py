@@ -17,8 +17,8 @@ import pytest
 from prorl_async.client import RolloutClient
 from prorl_async.config import ConfigError, load_config
 from prorl_async.service.rollout import _new_job_id
+from tests.helpers import server_process
 from tests.proctree import descendants
-from tests.serverutil import server_process
 
 PLUGIN = '''
 import asyncio

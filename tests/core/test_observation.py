@@ -5,7 +5,7 @@ from __future__ import annotations
 import aiohttp
 
 from tests.blocking import BlockingHandler
-from tests.serverutil import ServerFactory, eventually
+from tests.helpers import ServerFactory, eventually
 
 API_ROUTES = {
     "/process",
@@ -33,7 +33,7 @@ API_ROUTES = {
 }
 
 
-async def _get(url: str) -> tuple[int, str, dict]:
+async def _get(url: str) -> tuple[int, str, dict[str, str]]:
     async with aiohttp.ClientSession() as s, s.get(url) as r:
         return r.status, await r.text(), dict(r.headers)
 

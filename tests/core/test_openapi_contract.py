@@ -6,7 +6,7 @@ from typing import Any
 
 import aiohttp
 
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 
 async def _openapi(url: str) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tests.blocking import BlockingHandler
-from tests.serverutil import ServerFactory, eventually
+from tests.helpers import ServerFactory, eventually
 
 
 async def test_sleep_job_runs_all_stages(make_server: ServerFactory) -> None:
@@ -155,7 +155,8 @@ async def test_cancel_between_stages_releases(
         await blocking.event(second, "init").wait()
 
         async def in_run_queue() -> bool:  # INIT finished, waiting for the RUN worker
-            return (await srv.client.status())["queues"]["run"] == 1
+            queued: int = (await srv.client.status())["queues"]["run"]
+            return queued == 1
 
         await eventually(in_run_queue)
         assert second in blocking.held
@@ -243,7 +244,8 @@ async def test_worker_count_bounds_concurrency(
         await blocking.event(ids[1], "run").wait()
 
         async def two_queued() -> bool:
-            return (await srv.client.status())["queues"]["run"] == 2
+            queued: int = (await srv.client.status())["queues"]["run"]
+            return queued == 2
 
         await eventually(two_queued)
         status = await srv.client.status()

@@ -11,7 +11,7 @@ import aiohttp
 
 from prorl_async.client import NotFoundError, RolloutClient
 from tests.blocking import BlockingHandler
-from tests.serverutil import ServerFactory, eventually, server_process
+from tests.helpers import ServerFactory, eventually, server_process
 
 
 async def test_poll_returns_as_soon_as_one_job_ends(

@@ -6,20 +6,43 @@ from typing import Any
 
 import msgspec
 
+from prorl_async.config import ServerConfig
+from prorl_async.core.handler import AgentHandler
 from prorl_async.core.job import Job
 from prorl_async.core.result import encode_result
+from prorl_async.core.shared import Shared
 from prorl_async.schemas import ErrorInfo
 
 CONTRACT = [
-    "job_id", "task", "status", "reward", "prompt_ids", "response_ids", "response_mask",
-    "response_logprobs", "response_versions", "num_turns", "turns", "weight_versions",
-    "error", "timing", "eval", "metadata", "restarts", "seq",
-]  # fmt: skip
+    "job_id",
+    "task",
+    "status",
+    "reward",
+    "prompt_ids",
+    "response_ids",
+    "response_mask",
+    "response_logprobs",
+    "response_versions",
+    "num_turns",
+    "turns",
+    "weight_versions",
+    "error",
+    "timing",
+    "eval",
+    "metadata",
+    "restarts",
+    "seq",
+]
 
 
-class _Handler:
+class _Handler(AgentHandler):
+    name = "t"
+
     def __init__(self, extra: dict[str, Any]) -> None:
         self.extra = extra
+
+    async def run(self, job: Job) -> None:
+        raise AssertionError("only the result document is built")
 
     def final_result(self, job: Job) -> dict[str, Any]:
         return self.extra
@@ -32,9 +55,15 @@ class _Trajectory:
 
 def _job(extra: dict[str, Any], eval_: dict[str, Any]) -> Job:
     job = Job(
-        job_id="j-1", task="t", handler=_Handler(extra), instance=None, sampling_params={},
-        timeout_s=5.0, metadata={"m": 1}, shared=None,
-    )  # fmt: skip
+        job_id="j-1",
+        task="t",
+        handler=_Handler(extra),
+        instance=None,
+        sampling_params={},
+        timeout_s=5.0,
+        metadata={"m": 1},
+        shared=Shared(ServerConfig()),
+    )
     job.status, job.reward, job.eval, job.seq = "failed", 0.5, eval_, 7
     job.error = ErrorInfo("run", "X", "boom")
     job.trajectory = _Trajectory()

@@ -11,7 +11,7 @@ import pytest
 
 from prorl_async.client import GoneError
 from tests.blocking import BlockingHandler
-from tests.serverutil import ServerFactory, eventually
+from tests.helpers import ServerFactory, eventually
 
 SLEEP = {"task": "sleep", "instance": {}}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.serverutil import server_process
+from tests.helpers import server_process
 
 
 async def _statuses(url: str, token: str) -> tuple[int, int, int]:

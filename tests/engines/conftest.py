@@ -22,8 +22,8 @@ import aiohttp
 import pytest
 
 from prorl_async.vllm_cpu import EngineEnv, VllmProcess
+from tests.helpers import Server, ServerFactory
 from tests.proctree import cmdline, descendants
-from tests.serverutil import Server, ServerFactory
 
 # Every test here waits for a real engine; its first start (or a restart) takes a minute.
 ENGINE_TIMEOUT = pytest.mark.timeout(600)
@@ -79,9 +79,12 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> Scripts:
 
 def _engine(env: EngineEnv, model: Path, scripts: Scripts, logs: Path, name: str) -> VllmProcess:
     return VllmProcess(
-        env, model, scripts=scripts.path, max_model_len=MAX_MODEL_LEN,
+        env,
+        model,
+        scripts=scripts.path,
+        max_model_len=MAX_MODEL_LEN,
         log_path=logs / f"{name}-{uuid.uuid4().hex[:6]}.log",
-    )  # fmt: skip
+    )
 
 
 @pytest.fixture(scope="session")
@@ -104,9 +107,10 @@ def _serves(engine: VllmProcess) -> str | None:
         return "/health did not answer 200 within 5 s"
     body = {"model": engine.served_name, "prompt": [1, 2, 3], "max_tokens": 4}
     request = urllib.request.Request(
-        f"{engine.address}/completions", data=json.dumps(body).encode(),
+        f"{engine.address}/completions",
+        data=json.dumps(body).encode(),
         headers={"Content-Type": "application/json"},
-    )  # fmt: skip
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as resp:
             if resp.status != 200:

@@ -19,7 +19,7 @@ from tests.engines.conftest import (
     EngineServer,
     running_requests,
 )
-from tests.serverutil import Server, eventually
+from tests.helpers import Server, eventually
 
 pytestmark = ENGINE_TIMEOUT
 
@@ -40,14 +40,14 @@ async def wait_running(engine: VllmProcess, at_least: int = 1, bound_s: float = 
     async def busy() -> bool:
         return await running_requests(engine) >= at_least
 
-    try:
-        await eventually(busy, timeout=bound_s, interval=0.1)
-    except TimeoutError:
+    def state() -> str:
         alive = engine.proc is not None and engine.proc.poll() is None
-        pytest.fail(
-            f"{engine.address} decoded fewer than {at_least} requests within {bound_s:g} s "
+        return (
+            f"{engine.address} decoding {at_least} requests "
             f"(process alive: {alive}); its log ends:\n{engine.log_tail()}"
         )
+
+    await eventually(busy, timeout=bound_s, what=state, interval=0.1)
 
 
 async def test_cancel_mid_generation_frees_the_engine(

@@ -24,7 +24,7 @@ from prorl_async.client import RolloutError
 from prorl_async.llm.engines import ENGINE_KEEPALIVE_S, engine_connector
 from prorl_async.vllm_cpu import EngineEnv, VllmProcess
 from tests.engines.conftest import ENGINE_TIMEOUT, EngineServer, engine_post, running_requests
-from tests.serverutil import Server, eventually
+from tests.helpers import Server, eventually
 
 pytestmark = ENGINE_TIMEOUT
 
@@ -187,7 +187,8 @@ async def test_pause_then_resume_by_hand(
         [job] = await srv.client.submit_batch([planted(1, 32)])
 
         async def waiting_for_backend() -> bool:
-            return (await srv.client.status())["backend_waiting"] == 1
+            waiting: int = (await srv.client.status())["backend_waiting"]
+            return waiting == 1
 
         await eventually(waiting_for_backend, timeout=60)
         assert [b["paused"] for b in await srv.client.weights()] == [True]
@@ -265,15 +266,23 @@ async def test_manager_loads_weights_in_place_mid_batch(
     # Short and long groups in turn: the long ones are still generating after a batch.
     lengths = [200 if i % 2 == 0 else 1400 for i in range(200)]
     prompts = [
-        {"task": "planted", "instance": {"outcome": "random", "seed": i},
-         "sampling_params": {"max_tokens": n, "ignore_eos": True, "seed": 900 + i}}
+        {
+            "task": "planted",
+            "instance": {"outcome": "random", "seed": i},
+            "sampling_params": {"max_tokens": n, "ignore_eos": True, "seed": 900 + i},
+        }
         for i, n in enumerate(lengths)
-    ]  # fmt: skip
+    ]
     async with weights_server(engine_server, vllm, engine_env) as srv:
         async with RolloutManager(
-            servers=[srv.url], prompts=prompts, group_size=2, batch_groups=2,
-            group_filter=None, max_version_lag=1, progress=False,
-        ) as m:  # fmt: skip
+            servers=[srv.url],
+            prompts=prompts,
+            group_size=2,
+            batch_groups=2,
+            group_filter=None,
+            max_version_lag=1,
+            progress=False,
+        ) as m:
             await m.set_weights(version=0, backends=[vllm.address])
             first = await m.next_batch()
 

@@ -55,12 +55,29 @@ async def test_schemathesis_finds_no_server_error_or_schema_violation(tmp_path: 
 
 async def _schemathesis(url: str, workdir: Path) -> str:
     cmd = [
-        sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONFIG),
-        "run", f"{url}/openapi.json", "-H", f"Authorization: Bearer {TOKEN}",
-        "--checks", "not_a_server_error,response_schema_conformance",
-        "--phases", "examples,coverage,fuzzing", "--max-examples", str(MAX_EXAMPLES),
-        "--seed", "1", "--workers", "2", "--request-timeout", "10", "--no-color",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "schemathesis.cli",
+        "--config-file",
+        str(CONFIG),
+        "run",
+        f"{url}/openapi.json",
+        "-H",
+        f"Authorization: Bearer {TOKEN}",
+        "--checks",
+        "not_a_server_error,response_schema_conformance",
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--max-examples",
+        str(MAX_EXAMPLES),
+        "--seed",
+        "1",
+        "--workers",
+        "2",
+        "--request-timeout",
+        "10",
+        "--no-color",
+    ]
     proc = await asyncio.create_subprocess_exec(
         *cmd, cwd=workdir, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )

@@ -62,9 +62,14 @@ FAILING: dict[str, Callable[[Problem], str]] = {
 async def _passes(program: str, slots: asyncio.Semaphore) -> bool:
     async with slots:
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", "-c", program,
-            stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
+            sys.executable,
+            "-I",
+            "-S",
+            "-c",
+            program,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
         try:
             async with asyncio.timeout(TIME_LIMIT_S):
                 return await proc.wait() == 0

@@ -17,7 +17,7 @@ from prorl_async.sandbox import bwrap_problem
 from prorl_async.scripted_llm import ScriptedLLM
 from prorl_async.scripted_llm.policies import Policy, tool_call
 from tests.conftest import require
-from tests.serverutil import Server, ServerFactory
+from tests.helpers import Server, ServerFactory
 
 _USER = "<|im_start|>user\n"
 _END = "<|im_end|>"
@@ -158,4 +158,4 @@ async def finished(srv: Server, job_id: str, wait: float = 60.0) -> dict[str, An
 
 def assert_nothing_live(srv: Server) -> None:
     """No sandbox of the server is left open."""
-    assert srv.service.shared.runtime.live == 0
+    assert srv.runtime.live == 0

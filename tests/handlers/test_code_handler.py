@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -20,7 +20,7 @@ from tests.handlers.policies import (
     finished,
     serve,
 )
-from tests.serverutil import Server, ServerFactory, eventually
+from tests.helpers import Server, ServerFactory, eventually
 
 SUM_PROBLEM = {
     "problem": "Read two integers a and b on one line and print a + b.",
@@ -214,8 +214,8 @@ class EvalStartFails:
 @contextmanager
 def eval_start_fails(srv: Server) -> Iterator[EvalStartFails]:
     shared = srv.service.shared
-    double = EvalStartFails(shared.runtime)
-    shared.runtime = double
+    double = EvalStartFails(srv.runtime)
+    shared.runtime = cast(Runtime, double)  # a duck: the rest is the real runtime's
     try:
         yield double
     finally:

@@ -18,7 +18,7 @@ import pytest
 from prorl_async.client import UnprocessableError
 from prorl_async.core.handler import AgentHandler, HandlerRegistry
 from tests.handlers.policies import CodeWriter, assert_nothing_live, finished, serve
-from tests.serverutil import Server, ServerFactory
+from tests.helpers import Server, ServerFactory
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 EXAMPLE = DOCS / "example_handler.py"

@@ -17,7 +17,7 @@ from tests.handlers.policies import (
     finished,
     serve,
 )
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 PROBLEM = "What is 1234 * 5678 + 9?"
 PROGRAMS = {"1234 * 5678": "print(1234 * 5678 + 9)"}

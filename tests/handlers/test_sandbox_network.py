@@ -12,7 +12,7 @@ from prorl_async.sandbox.network import find_slirp4netns
 from tests.conftest import require
 from tests.handlers.policies import assert_nothing_live, finished, serve
 from tests.handlers.test_sandbox_task import Script
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 
 async def test_network_is_refused_unless_the_operator_allows_it(

@@ -10,8 +10,8 @@ import pytest
 from prorl_async.client import UnprocessableError
 from prorl_async.scripted_llm.policies import tool_call
 from tests.handlers.policies import assert_nothing_live, finished, serve, tool_responses
+from tests.helpers import ServerFactory, eventually
 from tests.proctree import cmdline, descendants
-from tests.serverutil import ServerFactory, eventually
 
 
 @dataclass

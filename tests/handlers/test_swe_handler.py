@@ -19,7 +19,7 @@ from prorl_async.sandbox import RuntimeConfig, Sandbox, SandboxSpec, get_runtime
 from prorl_async.scripted_llm import ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
 from tests.conftest import require
-from tests.serverutil import Server, ServerFactory
+from tests.helpers import Server, ServerFactory
 
 BUGGY = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
 REPO = {

@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 
 from tests.blocking import BlockingHandler
 from tests.conftest import require
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory, free_port
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def _query(session: aiohttp.ClientSession, prom: str, expr: str) -> list[dict]:
+async def _query(session: aiohttp.ClientSession, prom: str, expr: str) -> list[dict[str, Any]]:
     async with session.get(f"{prom}/api/v1/query", params={"query": expr}) as r:
         if r.status != 200:
             return []
@@ -46,7 +40,7 @@ async def test_prometheus_reads_queue_depth(
             "scrape_configs:\n"
             f"- job_name: prorl\n  static_configs: [{{targets: ['{target}']}}]\n"
         )
-        port = _free_port()
+        port = free_port()
         proc = await asyncio.create_subprocess_exec(
             binary,
             f"--config.file={config}",
@@ -59,7 +53,7 @@ async def test_prometheus_reads_queue_depth(
             prom = f"http://127.0.0.1:{port}"
             expr = 'prorl_queue_depth{stage="init"}'
             async with aiohttp.ClientSession() as session, asyncio.timeout(90):
-                result: list[dict] = []
+                result: list[dict[str, Any]] = []
                 while not result:
                     # Prometheus has no push notification for a first sample: re-query.
                     await asyncio.sleep(0.25)

@@ -10,8 +10,8 @@ from tokenizers import Tokenizer
 from prorl_async.llm.tokenizer import ChatTokenizer
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
+from tests.helpers import Server, ServerFactory, eventually
 from tests.integration.fakes import CUT_REPLY, FINISH_REPLY, MultibytePolicy, ToolUseHandler
-from tests.serverutil import Server, ServerFactory, eventually
 
 
 def _served(llms: list[ScriptedLLM]) -> dict[tuple[int, ...], tuple[str, list[int], list[float]]]:
@@ -152,7 +152,7 @@ async def test_least_in_flight_placement_with_uneven_lengths(make_server: Server
         inflight = {x["address"]: x["inflight"] for x in (await srv.client.status())["backends"]}
         assert inflight == {a.address: 3, b.address: 3}
         a.release()  # A's (short) jobs end, B's (long) ones keep going
-        await eventually(lambda: srv.service.shared.pool.snapshot()[0]["inflight"] == 0)
+        await eventually(lambda: srv.pool.snapshot()[0]["inflight"] == 0)
         a.hold()
         more = await srv.client.submit_batch([{"task": "tooluse", "instance": {}}] * 3)
         await a.wait_requests(6)
@@ -175,7 +175,7 @@ async def test_max_inflight_respected_and_wait_pauses_timer(make_server: ServerF
         await srv.client.add_llm_server(a.address, max_inflight=2)
         jobs = [{"task": "tooluse", "instance": {}, "timeout_s": 2.0}] * 12
         ids = await srv.client.submit_batch(jobs)
-        await eventually(lambda: srv.service.shared.pool.waiting > 0)
+        await eventually(lambda: srv.pool.waiting > 0)
         status = await srv.client.status()
         assert status["backend_waiting"] > 0 and status["backends"][0]["inflight"] <= 2
         docs = await _drain(srv, ids)
@@ -198,12 +198,13 @@ async def test_clear_mid_run_and_new_weight_version(make_server: ServerFactory) 
         await srv.client.clear_llm_server()
         # registration of the same backend with a new version mid-run shows per turn
         queued = await srv.client.submit("tooluse", {"prompt": "after clear"})
-        await eventually(lambda: srv.service.shared.pool.waiting == 1)
+        await eventually(lambda: srv.pool.waiting == 1)
         a.release()  # the running job finishes on the backend it holds, though cleared
         doc = await srv.client.result(running, wait=30)
         assert doc is not None and doc["status"] == "done"
         assert {t["backend"] for t in doc["turns"] if t["role"] == "assistant"} == {a.address}
-        assert srv.service.store.get(queued).status == "run"  # still waiting for a backend
+        job = srv.service.store.get(queued)
+        assert job is not None and job.status == "run"  # still waiting for a backend
         await srv.client.add_llm_server(b.address, weight_version=2)
         doc2 = await srv.client.result(queued, wait=30)
         assert doc2 is not None and doc2["status"] == "done" and doc2["weight_versions"] == [2]

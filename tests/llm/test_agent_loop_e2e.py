@@ -30,9 +30,16 @@ class EngineGenerator:
         self, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
     ) -> Generation:
         return await complete(
-            self.session, self.api, self.address, prompt_ids, max_tokens, sampling,
-            model=self.model, timeout_s=30, weight_version=3,
-        )  # fmt: skip
+            self.session,
+            self.api,
+            self.address,
+            prompt_ids,
+            max_tokens,
+            sampling,
+            model=self.model,
+            timeout_s=30,
+            weight_version=3,
+        )
 
 
 class CannedTools:
@@ -71,9 +78,16 @@ async def test_loop_against_scripted_llm_keeps_exact_ids(
             messages = [{"role": "user", "content": f"Episode {episode}: count the files."}]
             start = len(llm.log)
             await run_agent_loop(
-                generator=gen, tokenizer=tok, messages=messages, tools=tools, trajectory=traj,
-                max_turns=10, max_model_len=8192, sampling={"temperature": 1.0}, max_tokens=256,
-            )  # fmt: skip
+                generator=gen,
+                tokenizer=tok,
+                messages=messages,
+                tools=tools,
+                trajectory=traj,
+                max_turns=10,
+                max_model_len=8192,
+                sampling={"temperature": 1.0},
+                max_tokens=256,
+            )
             log = llm.log[start:]
             assert traj.finish == "finish_tool" and traj.answer == "42"
             assert len(log) == traj.num_turns

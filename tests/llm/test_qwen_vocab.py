@@ -45,8 +45,17 @@ def corpus_files() -> list[Path]:
 
 def random_texts(n: int, seed: int = 13) -> list[str]:
     """Seeded strings mixing ASCII, Latin, CJK, Hangul, emoji, combining marks and spaces."""
-    ranges = [(0x20, 0x7E), (0xA0, 0x24F), (0x300, 0x36F), (0x4E00, 0x9FFF), (0xAC00, 0xD7A3),
-              (0x1F300, 0x1FAFF), (0x0600, 0x06FF), (0x0900, 0x097F), (0x3040, 0x30FF)]  # fmt: skip
+    ranges = [
+        (0x20, 0x7E),
+        (0xA0, 0x24F),
+        (0x300, 0x36F),
+        (0x4E00, 0x9FFF),
+        (0xAC00, 0xD7A3),
+        (0x1F300, 0x1FAFF),
+        (0x0600, 0x06FF),
+        (0x0900, 0x097F),
+        (0x3040, 0x30FF),
+    ]
     rng = random.Random(seed)
     texts = []
     for _ in range(n):
@@ -96,9 +105,17 @@ def test_vocabulary_and_qwen3_added_tokens_at_their_public_ids(qwen_tok: ChatTok
     hf = qwen_tok.hf_tokenizer
     assert hf.get_vocab_size(with_added_tokens=False) == 151_643
     assert qwen_tok.vocab_size == 151_669
-    public = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645,
-              "<tool_call>": 151657, "</tool_call>": 151658, "<tool_response>": 151665,
-              "</tool_response>": 151666, "<think>": 151667, "</think>": 151668}  # fmt: skip
+    public = {
+        "<|endoftext|>": 151643,
+        "<|im_start|>": 151644,
+        "<|im_end|>": 151645,
+        "<tool_call>": 151657,
+        "</tool_call>": 151658,
+        "<tool_response>": 151665,
+        "</tool_response>": 151666,
+        "<think>": 151667,
+        "</think>": 151668,
+    }
     assert {t: hf.token_to_id(t) for t in public} == public
     assert qwen_tok.eos_id == 151645 and qwen_tok.added_token_ids == set(range(151643, 151669))
     assert qwen_tok.encode("<think>\nx\n</think>") == [151667, 198, 87, 198, 151668]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -28,14 +27,6 @@ class Receiver:
         return {job: body for job, body, _, status in self.posts if status < 300}
 
 
-def free_port() -> int:
-    """A port nothing listens on (yet): connections to it are refused."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @asynccontextmanager
 async def receiver(secret: bytes, port: int = 0) -> AsyncIterator[tuple[Receiver, int]]:
     rec = Receiver(secret)
@@ -45,7 +36,7 @@ async def receiver(secret: bytes, port: int = 0) -> AsyncIterator[tuple[Receiver
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", port, reuse_address=True)
     await site.start()
-    bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    bound: int = runner.addresses[0][1]
     try:
         yield rec, bound
     finally:

@@ -13,8 +13,8 @@ import pytest
 from prorl_async.client import RolloutClient, UnprocessableError
 from prorl_async.config import ConfigError, load_config
 from prorl_async.notify import sign, verify
-from tests.notify.receiver import free_port, receiver
-from tests.serverutil import ServerFactory, eventually, server_process
+from tests.helpers import ServerFactory, eventually, free_port, server_process
+from tests.notify.receiver import receiver
 
 SECRET = "s3cret"
 FAST = {"backoff_s": 0.02, "max_backoff_s": 0.1, "retry_for_s": 600.0}

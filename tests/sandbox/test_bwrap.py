@@ -6,6 +6,7 @@ import asyncio
 import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from prorl_async.sandbox import (
@@ -91,8 +92,10 @@ async def test_loopback_ip_exported_unique_and_bindable(bwrap: BwrapRuntime) -> 
 
 
 async def test_default_rlimits_apply_inside(bwrap: BwrapRuntime) -> None:
-    show = "import resource as r; print(*(r.getrlimit(getattr(r, n))[1] for n in " \
-        "('RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_NPROC')))"  # fmt: skip
+    show = (
+        "import resource as r; print(*(r.getrlimit(getattr(r, n))[1] for n in "
+        "('RLIMIT_AS', 'RLIMIT_FSIZE', 'RLIMIT_NOFILE', 'RLIMIT_NPROC')))"
+    )
     async with await bwrap.start() as sb:
         r = await sb.exec(f'python3 -c "{show}"', timeout=10)
         lim = SandboxLimits()
@@ -184,7 +187,7 @@ async def test_64_concurrent_sandboxes(bwrap: BwrapRuntime) -> None:
 
 
 async def test_failed_start_reports_output_and_cleans_up(config: RuntimeConfig) -> None:
-    bad = BwrapRuntime(RuntimeConfig(**{**_fields(config), "python": "/nonexistent/python"}))
+    bad = BwrapRuntime(msgspec.structs.replace(config, python="/nonexistent/python"))
     with pytest.raises(SandboxStartError, match="exited with status .*nonexistent"):
         await bad.start()
     assert bad.live == 0 and bad.records.load() == [] and bad.allocator.in_use() == []
@@ -194,10 +197,6 @@ async def test_bad_spec_is_rejected_before_anything_starts(bwrap: BwrapRuntime) 
     with pytest.raises(SpecError, match="files"):
         await bwrap.start(SandboxSpec(files={"../escape": "x"}))
     assert bwrap.live == 0
-
-
-def _fields(config: RuntimeConfig) -> dict[str, object]:
-    return {f: getattr(config, f) for f in config.__struct_fields__}
 
 
 def _inherited_fds(pid: int) -> list[str]:

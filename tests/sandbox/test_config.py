@@ -12,7 +12,7 @@ import pytest
 from prorl_async.config import ConfigError, load_config
 from tests.handlers.policies import finished, serve
 from tests.handlers.test_sandbox_task import Script
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 
 def test_sandbox_table_is_loaded_and_checked(tmp_path: Path) -> None:

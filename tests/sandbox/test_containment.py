@@ -92,8 +92,11 @@ async def test_host_files_and_host_root_are_out_of_reach(
             assert "shadow" not in (await sb.exec("ls -A /etc")).stdout.split()
             # /root exists inside only as the path to a bound Python prefix (pyenv), if at all.
             home = os.path.expanduser("~")
-            needed = {p[len(home) + 1 :].split("/")[0] for p in bwrap.python_roots if
-                      p.startswith(home + "/")}  # fmt: skip
+            needed = {
+                p[len(home) + 1 :].split("/")[0]
+                for p in bwrap.python_roots
+                if p.startswith(home + "/")
+            }
             listing = await sb.exec(f"ls -A {home} 2>/dev/null")
             assert set(listing.stdout.split()) <= needed, listing.stdout
             status = (await sb.exec("cat /proc/self/status")).stdout

@@ -48,9 +48,13 @@ def test_rejects_addresses_outside_the_pool(tmp_path: Path) -> None:
 
 async def test_exclusive_across_processes_and_freed_when_holder_dies(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _HOLDER, str(tmp_path),
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-c",
+        _HOLDER,
+        str(tmp_path),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         ip = (await proc.stdout.readline()).decode().strip()

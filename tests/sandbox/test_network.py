@@ -61,9 +61,16 @@ async def outside_server() -> AsyncIterator[tuple[str, int]]:
         _ip("-n", ns, "addr", "add", f"{net}.2/24", "dev", ns_if)
         _ip("-n", ns, "link", "set", ns_if, "up")
         proc = await asyncio.create_subprocess_exec(
-            "ip", "netns", "exec", ns, "python3", "-c", _GREETER, f"{net}.2",
+            "ip",
+            "netns",
+            "exec",
+            ns,
+            "python3",
+            "-c",
+            _GREETER,
+            f"{net}.2",
             stdout=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         assert proc.stdout is not None
         port = int(await asyncio.wait_for(proc.stdout.readline(), 10))
         yield f"{net}.2", port

@@ -26,9 +26,13 @@ os._exit(0)
 
 async def _crash_leaving_orphan(state: Path, owned_dir: Path) -> int:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _CRASHING_SERVER, str(state), str(owned_dir),
+        sys.executable,
+        "-c",
+        _CRASHING_SERVER,
+        str(state),
+        str(owned_dir),
         stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     out, _ = await proc.communicate()
     return int(out)
 
@@ -52,9 +56,13 @@ async def test_reused_pid_is_never_killed(tmp_path: Path) -> None:
         rec = records.add("reused", victim.pid, runtime="bwrap")
         # Same pid, different start time, dead owner: as if the pid had been recycled.
         forged = rec.__class__(
-            sandbox_id="reused", pid=victim.pid, start_time=rec.start_time - 1,
-            owner_pid=rec.owner_pid, owner_start_time=rec.owner_start_time - 1, runtime="bwrap",
-        )  # fmt: skip
+            sandbox_id="reused",
+            pid=victim.pid,
+            start_time=rec.start_time - 1,
+            owner_pid=rec.owner_pid,
+            owner_start_time=rec.owner_start_time - 1,
+            runtime="bwrap",
+        )
         (tmp_path / "sandboxes" / "reused.json").write_bytes(_encode(forged))
         assert [r.sandbox_id for r in records.reap_stale()] == ["reused"]
         assert victim.returncode is None and start_time(victim.pid) == rec.start_time
@@ -128,9 +136,14 @@ os._exit(0)
 async def test_reap_stale_cleans_up_when_the_sandbox_pid_is_gone(tmp_path: Path) -> None:
     owned, lockdir = tmp_path / "workspace", tmp_path / "loopback"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _CRASH_AFTER_SANDBOX, str(tmp_path), str(owned), str(lockdir),
+        sys.executable,
+        "-c",
+        _CRASH_AFTER_SANDBOX,
+        str(tmp_path),
+        str(owned),
+        str(lockdir),
         stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     out, _ = await proc.communicate()
     cgroups = out.decode().split()
     assert owned.is_dir() and len(list(lockdir.iterdir())) == 1
@@ -148,9 +161,13 @@ async def test_reap_stale_removes_cgroups_and_unmounts_the_sandbox_tmpfs(tmp_pat
     require(find_cgroup_parents().memory is not None, "no memory cgroup can be created here")
     owned = tmp_path / "sandbox-dir"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _CRASHING_ROOT_SERVER, str(tmp_path), str(owned),
+        sys.executable,
+        "-c",
+        _CRASHING_ROOT_SERVER,
+        str(tmp_path),
+        str(owned),
         stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     out, _ = await proc.communicate()
     orphan, *cgroups = out.decode().split()
     assert os.path.ismount(owned) and all(Path(c).is_dir() for c in cgroups)

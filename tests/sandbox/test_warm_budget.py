@@ -10,9 +10,10 @@ nobody waits.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ import pytest
 from prorl_async.sandbox import SandboxLimits, SandboxSpec, WarmPool
 from prorl_async.stages import StageScope
 from tests.chaos.fake_runtime import FakeRuntime, FakeSandbox, FakeStart, fake_config
-from tests.serverutil import eventually
+from tests.helpers import eventually
 
 WARM = SandboxSpec()  # the warm pool's spec (math, code, swe INIT)
 FILES = SandboxSpec(files={"a.txt": "hi"})  # instance-dependent: never a warm one
@@ -47,10 +48,6 @@ def job_start(rt: FakeRuntime, spec: SandboxSpec, stage: str = "init") -> asynci
 
 def pending(rt: FakeRuntime, *, warm: bool) -> list[FakeStart]:
     return [s for s in rt.pending if s.warm == warm]
-
-
-async def until(check: Callable[[], bool]) -> None:
-    await eventually(check, timeout=5)
 
 
 def holds_slot_a_waiter_needs(rt: FakeRuntime, warm: WarmPool) -> bool:
@@ -80,11 +77,11 @@ async def test_starts_waiting_behind_warm_starts_that_hold_every_slot_get_them(
     rt.budget.resize(2)
     async with WarmPool(rt, WARM, size=4) as warm:
         warm.start()
-        await until(lambda: len(pending(rt, warm=True)) == 2)
+        await eventually(lambda: len(pending(rt, warm=True)) == 2, timeout=5)
         assert rt.budget.live == 2 and warm.ready == 0
         jobs = [job_start(rt, WARM), job_start(rt, WARM)]
         # The pool cancels its starts: each job's own start now holds a slot.
-        await until(lambda: len(pending(rt, warm=False)) == 2)
+        await eventually(lambda: len(pending(rt, warm=False)) == 2, timeout=5)
         assert warm.cancelled == 2 and warm.starting == 0 and rt.budget.waiting == 0
         for start in pending(rt, warm=False):
             start.ok()
@@ -94,10 +91,10 @@ async def test_starts_waiting_behind_warm_starts_that_hold_every_slot_get_them(
         for sb in sandboxes:
             await sb.aclose()
         # Nobody waits any more: the pool fills again, to the budget at most.
-        await until(lambda: len(pending(rt, warm=True)) == 2)
+        await eventually(lambda: len(pending(rt, warm=True)) == 2, timeout=5)
         for start in pending(rt, warm=True):
             start.ok()
-        await until(lambda: warm.ready == 2)
+        await eventually(lambda: warm.ready == 2, timeout=5)
         assert rt.budget.live == 2 and warm.starting == 0
 
 
@@ -112,18 +109,18 @@ async def test_warm_starts_ending_after_a_gated_wait_are_given_up_when_the_admit
     rt.budget.resize(2)
     async with WarmPool(rt, WARM, size=2) as warm:
         warm.start()
-        await until(lambda: len(pending(rt, warm=True)) == 2)
+        await eventually(lambda: len(pending(rt, warm=True)) == 2, timeout=5)
         job = job_start(rt, FILES)
-        await until(lambda: rt.budget.waiting == 1)
+        await eventually(lambda: rt.budget.waiting == 1, timeout=5)
         # Admission is closed: nobody may take a slot yet, the warm starts go on.
         assert len(pending(rt, warm=True)) == 2
         for start in pending(rt, warm=True):
             start.ok()
-        await until(lambda: warm.ready == 2)
+        await eventually(lambda: warm.ready == 2, timeout=5)
         assert rt.budget.waiting == 1
         admitting = True
         rt.budget.wake()  # as a pipeline change does
-        await until(lambda: len(pending(rt, warm=False)) == 1)
+        await eventually(lambda: len(pending(rt, warm=False)) == 1, timeout=5)
         assert warm.evicted == 1 and warm.ready == 1 and rt.budget.waiting == 0
         pending(rt, warm=False)[0].ok()
         sb = await job
@@ -142,12 +139,12 @@ async def test_a_start_of_another_spec_takes_the_slot_of_an_idle_warm_sandbox(
     rt.budget.resize(2)
     async with WarmPool(rt, WARM, size=2) as warm:
         warm.start()
-        await until(lambda: len(pending(rt, warm=True)) == 2)
+        await eventually(lambda: len(pending(rt, warm=True)) == 2, timeout=5)
         for start in pending(rt, warm=True):
             start.ok()
-        await until(lambda: warm.ready == 2)
+        await eventually(lambda: warm.ready == 2, timeout=5)
         job = job_start(rt, spec, stage)
-        await until(lambda: len(pending(rt, warm=False)) == 1)
+        await eventually(lambda: len(pending(rt, warm=False)) == 1, timeout=5)
         assert warm.ready == 1 and warm.taken == 0  # one closed for it
         assert not pending(rt, warm=True)  # the freed slot did not go back to the pool
         pending(rt, warm=False)[0].ok()
@@ -158,19 +155,19 @@ async def test_a_start_of_another_spec_takes_the_slot_of_an_idle_warm_sandbox(
         assert warm.taken == 1 and warm.ready == 0 and len(rt.starts) == 3
         await sb.aclose()
         await same.aclose()
-        await until(lambda: len(pending(rt, warm=True)) == 2)  # refilling
+        await eventually(lambda: len(pending(rt, warm=True)) == 2, timeout=5)  # refilling
 
 
 async def test_a_lowered_budget_takes_slots_back_from_the_warm_pool(rt: FakeRuntime) -> None:
     rt.budget.resize(4)
     async with WarmPool(rt, WARM, size=8) as warm:
         warm.start()
-        await until(lambda: len(pending(rt, warm=True)) == 4)
+        await eventually(lambda: len(pending(rt, warm=True)) == 4, timeout=5)
         for start in pending(rt, warm=True)[:2]:
             start.ok()
-        await until(lambda: warm.ready == 2)
+        await eventually(lambda: warm.ready == 2, timeout=5)
         rt.budget.resize(1)  # two idle closed, one start cancelled: down to the capacity
-        await until(lambda: rt.budget.live == 1)
+        await eventually(lambda: rt.budget.live == 1, timeout=5)
         assert warm.evicted == 2 and warm.cancelled == 1 and warm.ready + warm.starting == 1
 
 
@@ -179,17 +176,19 @@ async def test_a_waiter_that_goes_away_does_not_leave_the_pool_stuck(rt: FakeRun
     rt.budget.resize(1)
     async with WarmPool(rt, WARM, size=1) as warm:
         warm.start()
-        await until(lambda: len(pending(rt, warm=True)) == 1)
+        await eventually(lambda: len(pending(rt, warm=True)) == 1, timeout=5)
         pending(rt, warm=True)[0].ok()
-        await until(lambda: warm.ready == 1)
+        await eventually(lambda: warm.ready == 1, timeout=5)
         admitting = False
         rt.budget.admit_when("init", lambda: admitting)
         job = job_start(rt, FILES)  # evicts the idle one at once (a full budget), then waits
-        await until(lambda: rt.budget.waiting == 1 and warm.ready == 0)
+        await eventually(lambda: rt.budget.waiting == 1 and warm.ready == 0, timeout=5)
         job.cancel()
         with pytest.raises(asyncio.CancelledError):
             await job
-        await until(lambda: len(pending(rt, warm=True)) == 1)  # refilling the freed slot
+        await eventually(
+            lambda: len(pending(rt, warm=True)) == 1, timeout=5
+        )  # refilling the freed slot
         assert rt.budget.waiting == 0 and rt.budget.live == 1
 
 
@@ -214,9 +213,22 @@ async def test_no_start_waits_behind_a_warm_slot_in_any_order(tmp_path: Path, se
     async def step(warm: WarmPool) -> str:
         nonlocal admitting
         what = rng.choice(
-            ["job", "job", "job", "ok", "ok", "ok", "fail", "close", "close", "cancel",
-             "admission", "resize", "die"]
-        )  # fmt: skip
+            [
+                "job",
+                "job",
+                "job",
+                "ok",
+                "ok",
+                "ok",
+                "fail",
+                "close",
+                "close",
+                "cancel",
+                "admission",
+                "resize",
+                "die",
+            ]
+        )
         if what == "job":
             spec = rng.choice([WARM, WARM, FILES, LIMITS])
             jobs.append(job_start(rt, spec, rng.choice(["init", "run", "eval"])))
@@ -243,19 +255,22 @@ async def test_no_start_waits_behind_a_warm_slot_in_any_order(tmp_path: Path, se
             sb.dead = True
         return what
 
+    def state(at: str, warm: WarmPool) -> str:
+        return (
+            f"{at}: {rt.budget.waiting} waiting, live {rt.budget.live}/{rt.budget.capacity}, "
+            f"warm ready {warm.ready}, starting {len(pending(rt, warm=True))}"
+        )
+
     try:
         async with WarmPool(rt, WARM, size=rng.randint(1, 4)) as warm:
             warm.start()
             for n in range(150):
                 what = await step(warm)
-                try:
-                    await until(lambda: not holds_slot_a_waiter_needs(rt, warm))
-                except TimeoutError:
-                    pytest.fail(
-                        f"{where}, step {n} ({what}): {rt.budget.waiting} waiting, "
-                        f"live {rt.budget.live}/{rt.budget.capacity}, warm ready "
-                        f"{warm.ready}, starting {len(pending(rt, warm=True))}"
-                    )
+                await eventually(
+                    lambda: not holds_slot_a_waiter_needs(rt, warm),
+                    timeout=5,
+                    what=functools.partial(state, f"{where}, step {n} ({what})", warm),
+                )
             # Drain: admission opens, every start succeeds, every job closes its sandbox.
             admitting = True
             rt.budget.wake()
@@ -272,16 +287,20 @@ async def test_no_start_waits_behind_a_warm_slot_in_any_order(tmp_path: Path, se
                 held.clear()
                 return not jobs and rt.budget.waiting == 0
 
-            try:
-                await until(drained)
-            except TimeoutError:
-                pytest.fail(
-                    f"{where}: {len(jobs)} starts never ended; {rt.budget.waiting} wait, "
-                    f"live {rt.budget.live}/{rt.budget.capacity} ({rt.live} sandboxes), warm "
-                    f"ready {warm.ready}, {len(rt.pending)} starts pending"
-                )
+            await eventually(
+                drained,
+                timeout=5,
+                what=lambda: (
+                    f"{where}: every start to end; {len(jobs)} never did, "
+                    f"{rt.budget.waiting} wait, live {rt.budget.live}/{rt.budget.capacity} "
+                    f"({rt.live} sandboxes), warm ready {warm.ready}, "
+                    f"{len(rt.pending)} starts pending"
+                ),
+            )
             # What is left is the pool's own (warm excepted, nothing is live).
-            await until(lambda: rt.budget.live == warm.ready + len(pending(rt, warm=True)))
+            await eventually(
+                lambda: rt.budget.live == warm.ready + len(pending(rt, warm=True)), timeout=5
+            )
         assert rt.budget.live == 0 and rt.live == 0 and not rt.pending, where
     finally:
         for task in jobs:

@@ -15,8 +15,8 @@ from prorl_async.client import RolloutClient
 from prorl_async.scripted_llm import ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
 from tests.handlers.policies import require_bwrap, tool_responses
+from tests.helpers import eventually, server_process
 from tests.proctree import cmdline, descendants
-from tests.serverutil import eventually, server_process
 
 T = 5.0  # seconds each in-flight sleep job spends in its stage (well beyond the kill)
 SANDBOXES = 4
@@ -94,7 +94,9 @@ async def _populate(client: RolloutClient, proc_pid: int) -> tuple[list[str], li
 
     async def placed() -> bool:
         st = await client.status()
-        return st["active"] == {"init": 8, "run": 64, "eval": 16} and st["queues"]["init"] == 168
+        active: dict[str, int] = st["active"]
+        queued: int = st["queues"]["init"]
+        return active == {"init": 8, "run": 64, "eval": 16} and queued == 168
 
     await eventually(placed, timeout=30)
     return finished, inflight

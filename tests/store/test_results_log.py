@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from prorl_async.client import RolloutClient
-from tests.serverutil import eventually, server_process
+from tests.helpers import eventually, server_process
 
 N = 10_000
 

@@ -13,18 +13,26 @@ import aiohttp
 import msgspec
 
 from prorl_async.client import RolloutClient
+from prorl_async.store.sqlite import SqliteJobStore
 from tests.blocking import BlockingHandler
-from tests.serverutil import ServerFactory, eventually, server_process
+from tests.helpers import ServerFactory, eventually, server_process
 
 SLEEP0 = {"task": "sleep", "instance": {}}
 
 
 async def _serve_fails(tmp_path: Path, *args: str) -> tuple[int, str]:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prorl_async.cli", "serve", "--port", "0",
-        "--state-dir", str(tmp_path / "state"), *args,
+        sys.executable,
+        "-m",
+        "prorl_async.cli",
+        "serve",
+        "--port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        *args,
         stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     async with asyncio.timeout(30):
         _, err = await proc.communicate()
     return proc.returncode or 0, err.decode()
@@ -96,6 +104,7 @@ async def test_an_answer_that_a_job_ended_waits_for_its_commit(
         async with asyncio.timeout(30):
             await blocking.event("to-cancel", "run").wait()
             await blocking.event("to-finish", "run").wait()
+        assert isinstance(store, SqliteJobStore)
         writer = store._writer
         assert writer is not None
         os.kill(writer.pid, signal.SIGSTOP)

@@ -11,26 +11,28 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from prorl_async.config import ServerConfig
+from prorl_async.core.handler import AgentHandler
 from prorl_async.core.job import Job
+from prorl_async.core.shared import Shared
 from prorl_async.store import _commit, _resultlog
 from prorl_async.store import sqlite as store_sqlite
 from prorl_async.store._commit import RowKind
 from prorl_async.store._writer import StoreWriteError, Writer
 from prorl_async.store.sqlite import SqliteJobStore
-from tests.serverutil import eventually
+from tests.helpers import eventually, eventually_sync
 
 Row = tuple[Any, ...]
 
 
 def _create(path: Path) -> Path:
     """A job database as the store opens it, with its schema."""
-    conn = store_sqlite._connect(path)
+    conn = _commit.connect(path)
     conn.executescript(store_sqlite._SCHEMA)
     _resultlog.migrate(conn)
     conn.close()
@@ -253,8 +255,9 @@ def test_the_writer_commits_what_arrived_whole_when_its_input_ends(tmp_path: Pat
     script = Path(_commit.__file__)
     proc = subprocess.Popen(
         [sys.executable, "-I", "-S", str(script), str(path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-    )  # fmt: skip
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
     assert proc.stdin is not None
     whole = _commit.frame((1, [(store_sqlite._TOMBSTONE, ("j1", 1.0))], []))
     torn = _commit.frame((2, [(store_sqlite._TOMBSTONE, ("j2", 1.0))], []))
@@ -302,7 +305,7 @@ def test_a_wal_past_the_cap_is_checkpointed_by_the_writer_itself(tmp_path: Path)
     """Commits that never paused for the thread's checkpoint to empty the WAL: the next
     due checkpoint runs at once on the writer's own connection."""
     path = _create(tmp_path / "jobs.sqlite3")
-    conn = store_sqlite._connect(path)
+    conn = _commit.connect(path)
     conn.execute("PRAGMA wal_autocheckpoint=0")
     checkpointer = _commit._Checkpointer(str(path))
     try:
@@ -323,16 +326,23 @@ def test_a_wal_past_the_cap_is_checkpointed_by_the_writer_itself(tmp_path: Path)
         conn.close()
 
 
+class _NotRun(AgentHandler):
+    name = "sleep"
+
+    async def run(self, job: Job) -> None:
+        raise AssertionError("the store runs no job")
+
+
 def _ended(i: int, callback: bool) -> Job:
     job = Job(
         job_id=f"w{i:03}",
         task="sleep",
-        handler=None,  # the store reads none of the job's running parts
+        handler=_NotRun(),  # the store reads none of the job's running parts
         instance={},
         sampling_params={},
         timeout_s=60.0,
         metadata={},
-        shared=None,
+        shared=Shared(ServerConfig()),
     )
     job.callback_url = "http://127.0.0.1:9/hook" if callback else None
     return job
@@ -372,11 +382,14 @@ async def test_a_wave_of_results_goes_to_the_writer_in_chunks_a_job_whole(
             hooks = reader.execute("SELECT job_id FROM outbox ORDER BY job_id")
             return [r[0] for r in done], [r[0] for r in hooks]
 
-        deadline = time.monotonic() + 60
+        # a synchronous poll: this loop step must not yield
+        eventually_sync(
+            lambda: len(committed()[0]) >= cuts[-1],
+            60,
+            lambda: f"the writer to commit {cuts[-1]} rows; done {len(committed()[0])}",
+            interval=0.01,
+        )
         done, hooks = committed()
-        while len(done) < cuts[-1] and time.monotonic() < deadline:
-            time.sleep(0.01)  # noqa: ASYNC251 - a poll; this loop step must not yield
-            done, hooks = committed()
         handed = jobs[: cuts[-1]]
         assert done == [job.id for job in handed]  # the chunks, and nothing after them
         assert hooks == [job.id for job in handed if job.callback_url]

@@ -9,7 +9,7 @@ from typing import Any
 from prorl_async.client import RolloutClient
 from prorl_async.stages import FairQueue
 from tests.blocking import BlockingHandler
-from tests.serverutil import ServerFactory, eventually
+from tests.helpers import ServerFactory, eventually
 
 Item = tuple[str, int]
 

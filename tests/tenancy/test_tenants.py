@@ -22,7 +22,7 @@ from prorl_async.client import (
     UnauthorizedError,
 )
 from tests.blocking import BlockingHandler
-from tests.serverutil import ServerFactory, eventually, server_process
+from tests.helpers import ServerFactory, eventually, server_process
 from tests.sse import open_events
 
 TENANTS: dict[str, dict[str, Any]] = {
@@ -233,8 +233,18 @@ async def test_a_bad_tokens_file_is_a_clear_start_error(
     tmp_path: Path, text: str, mode: int, message: str
 ) -> None:
     tokens = _tokens_file(tmp_path / "tokens.toml", text, mode)
-    cmd = [sys.executable, "-m", "prorl_async.cli", "serve", "--port", "0",
-           "--state-dir", str(tmp_path / "state"), "--tokens-file", str(tokens)]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "prorl_async.cli",
+        "serve",
+        "--port",
+        "0",
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--tokens-file",
+        str(tokens),
+    ]
     proc = await asyncio.create_subprocess_exec(*cmd, stderr=asyncio.subprocess.PIPE)
     async with asyncio.timeout(30):
         _, err = await proc.communicate()

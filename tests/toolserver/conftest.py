@@ -46,10 +46,16 @@ async def run_server(workspace: Path, *extra: str) -> AsyncIterator[RunningServe
     sockdir = tempfile.mkdtemp(prefix="ts-", dir="/tmp")
     socket = f"{sockdir}/tools.sock"
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prorl_async.toolserver",
-        "--socket", socket, "--workspace", str(workspace), *extra,
+        sys.executable,
+        "-m",
+        "prorl_async.toolserver",
+        "--socket",
+        socket,
+        "--workspace",
+        str(workspace),
+        *extra,
         stderr=asyncio.subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     server = RunningServer(proc, socket, workspace)
     try:
         yield server

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from prorl_async.toolserver.client import ToolClient
+from tests.helpers import eventually
 from tests.proctree import cmdline, descendants
 from tests.toolserver.conftest import run_server
 
@@ -18,8 +19,10 @@ async def bash(client: ToolClient, command: str, **args: float) -> tuple[str, di
 
 
 async def test_state_persists_across_commands(client: ToolClient, workspace: Path) -> None:
-    assert await bash(client, "pwd") == (str(workspace), {
-        "exit_code": 0, "cwd": str(workspace), "timed_out": False})  # fmt: skip
+    assert await bash(client, "pwd") == (
+        str(workspace),
+        {"exit_code": 0, "cwd": str(workspace), "timed_out": False},
+    )
     (workspace / "sub").mkdir()
     await bash(client, 'cd sub && export GREETING=hello && greet() { echo "$GREETING $1"; }')
     output, data = await bash(client, "pwd; greet world")
@@ -122,19 +125,18 @@ async def test_stopping_mid_command_leaves_no_process(workspace: Path) -> None:
         _, data = await bash(client, "nohup sleep 300 >/dev/null 2>&1 & echo $! > bg.pid")
         background = int((workspace / "bg.pid").read_text())
         running = asyncio.ensure_future(client.call("bash", {"command": "sleep 200"}))
-        await _wait_for_process("sleep 200")
+        # no event announces another process's exec
+        await eventually(
+            lambda: any("sleep 200" in cmdline(pid) for pid in descendants()),
+            timeout=10,
+            what="'sleep 200' to start",
+            interval=0.01,
+        )
         tree = descendants(server.proc.pid)
         assert await server.stop() == 0
         await client.aclose()
         await asyncio.gather(running, return_exceptions=True)
     assert not any(_alive(pid) for pid in tree | {background})
-
-
-async def _wait_for_process(needle: str) -> None:
-    deadline = time.monotonic() + 10
-    while not any(needle in cmdline(pid) for pid in descendants()):
-        assert time.monotonic() < deadline, f"{needle!r} never started"
-        await asyncio.sleep(0.01)  # no event announces another process's exec
 
 
 def _alive(pid: int) -> bool:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from prorl_async.toolserver.client import ToolClient
+from tests.helpers import eventually
 from tests.toolserver.conftest import run_server
 
 
@@ -83,10 +84,10 @@ async def test_stopping_while_the_kernel_is_busy_leaves_no_process(workspace: Pa
         child = int((await python(client, "print(child.pid)"))[0])
         code = "open('busy', 'w').close(); import time; time.sleep(100)"
         busy = asyncio.ensure_future(client.call("python", {"code": code}))
-        deadline = time.monotonic() + 10
-        while not (workspace / "busy").exists():  # no event says the kernel started the cell
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+        # no event says the kernel started the cell
+        await eventually(
+            (workspace / "busy").exists, timeout=10, what="the cell to start", interval=0.01
+        )
         started = time.monotonic()
         assert await server.stop() == 0
         assert time.monotonic() - started < 10

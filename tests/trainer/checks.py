@@ -31,7 +31,12 @@ def check_accounting(metrics: dict[str, Any]) -> None:
     """Every prompt taken is in exactly one place: nothing lost."""
     g = metrics["groups"]
     placed = (
-        g["returned"] + g["filtered"] + g["failed"] + g["cancelled"]
-        + metrics["inflight_groups"] + metrics["ready_groups"] + metrics["resubmit_groups"]
-    )  # fmt: skip
+        g["returned"]
+        + g["filtered"]
+        + g["failed"]
+        + g["cancelled"]
+        + metrics["inflight_groups"]
+        + metrics["ready_groups"]
+        + metrics["resubmit_groups"]
+    )
     assert placed == metrics["prompts_taken"], metrics

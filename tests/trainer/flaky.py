@@ -64,7 +64,7 @@ async def flaky_proxy(
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        port = runner.addresses[0][1]
         proxy.url = f"http://127.0.0.1:{port}"
         try:
             yield proxy

@@ -10,7 +10,7 @@ from typing import Any
 
 from prorl_async.scripted_llm.latency import LatencyModel
 from prorl_async.scripted_llm.server import ScriptedLLM
-from tests.serverutil import server_process
+from tests.helpers import server_process
 
 
 class Rig:

@@ -20,7 +20,7 @@ from prorl_async.trainer.retry import Backoff, classify_result
 from prorl_async.trainer.servers import QUARANTINE_AFTER, ServerPool, ServerState
 from prorl_async.trainer.staleness import Staleness
 from prorl_async.trainer.watchdog import cancel_on_servers
-from tests.serverutil import eventually, forwarding_proxy, server_process
+from tests.helpers import eventually, forwarding_proxy, server_process
 from tests.trainer.checks import check_accounting, check_group
 from tests.trainer.flaky import flaky_proxy
 from tests.trainer.harness import planted, rig
@@ -35,9 +35,15 @@ async def test_a_server_quarantined_by_its_submissions_is_probed_again(tmp_path:
         async with RolloutClient(r.urls[0]) as client:
             await client.add_llm_server(r.llm.address, weight_version=0)
         async with RolloutManager(
-            servers=[proxy.url], prompts=prompts, group_size=2, batch_groups=2,
-            group_filter=None, max_infra_retries=1000, stall_timeout_s=15.0, progress=False,
-        ) as m:  # fmt: skip
+            servers=[proxy.url],
+            prompts=prompts,
+            group_size=2,
+            batch_groups=2,
+            group_filter=None,
+            max_infra_retries=1000,
+            stall_timeout_s=15.0,
+            progress=False,
+        ) as m:
             proxy.error_rate = 1.0  # before the feed loop's first pass
             batch = asyncio.ensure_future(m.next_batch())
             await eventually(lambda: m.metrics()["servers"][proxy.url]["quarantined"])
@@ -58,9 +64,14 @@ async def test_a_dead_engine_in_the_weights_keeps_a_recovering_server_out(
     prompts = [planted("random", seed=i, run_s=0.01) for i in range(400)]
     async with rig(tmp_path, servers=1) as r, ScriptedLLM(policy="finish") as spare:
         async with RolloutManager(
-            servers=r.urls, prompts=prompts, group_size=2, batch_groups=2, group_filter=None,
-            stall_timeout_s=20.0, progress=False,
-        ) as m:  # fmt: skip
+            servers=r.urls,
+            prompts=prompts,
+            group_size=2,
+            batch_groups=2,
+            group_filter=None,
+            stall_timeout_s=20.0,
+            progress=False,
+        ) as m:
             await m.set_weights(version=0, backends=[r.llm.address, spare.address])
             await m.next_batch()
             await spare.kill()
@@ -110,9 +121,15 @@ async def test_a_result_read_while_its_submission_waits_to_be_resent_is_kept(
     ]
     async with rig(tmp_path, servers=1) as r, losing_proxy(r.urls[0], "/process/batch", 2) as url:
         async with RolloutManager(
-            servers=[url], prompts=prompts, group_size=1, batch_groups=3,
-            max_inflight_groups=2, group_filter=None, stall_timeout_s=15.0, progress=False,
-        ) as m:  # fmt: skip
+            servers=[url],
+            prompts=prompts,
+            group_size=1,
+            batch_groups=3,
+            max_inflight_groups=2,
+            group_filter=None,
+            stall_timeout_s=15.0,
+            progress=False,
+        ) as m:
             await m.set_weights(version=0, backends=[r.llm.address])
             assert m._dispatcher is not None
             m._dispatcher.backoff = Backoff(base_s=2.0)  # resent well after p2's result
@@ -133,10 +150,15 @@ async def test_a_server_that_missed_a_weight_swap_is_out_until_it_has_it(tmp_pat
         rig(tmp_path, servers=1) as r,
         losing_proxy(r.urls[0], "/clear_llm_server", 2) as url,
         RolloutManager(
-            servers=[url], prompts=prompts, group_size=2, batch_groups=2, group_filter=None,
-            stall_timeout_s=15.0, progress=False,
+            servers=[url],
+            prompts=prompts,
+            group_size=2,
+            batch_groups=2,
+            group_filter=None,
+            stall_timeout_s=15.0,
+            progress=False,
         ) as m,
-    ):  # fmt: skip
+    ):
         await m.set_weights(version=0, backends=[r.llm.address])
         await m.next_batch()
         await m.set_weights(version=1, backends=[r.llm.address])
@@ -160,10 +182,16 @@ async def test_a_server_restarted_while_idle_is_given_the_weights_again(tmp_path
         server_process(state, {}, "--run-workers", "8") as (proc, url),
         flaky_proxy(url, 0.0, 0.0) as proxy,
         RolloutManager(
-            servers=[proxy.url], prompts=prompts, group_size=2, batch_groups=2,
-            group_filter=None, on_batch_full="cancel", stall_timeout_s=15.0, progress=False,
+            servers=[proxy.url],
+            prompts=prompts,
+            group_size=2,
+            batch_groups=2,
+            group_filter=None,
+            on_batch_full="cancel",
+            stall_timeout_s=15.0,
+            progress=False,
         ) as m,
-    ):  # fmt: skip
+    ):
         await m.set_weights(version=0, backends=[llm.address])
         await m.next_batch()
         proc.kill()
@@ -204,9 +232,14 @@ async def test_samples_whose_llm_engine_failed_are_never_returned(tmp_path: Path
     async with rig(tmp_path, servers=1) as r:
         r.llm.set_faults(error_rate=1.0)
         async with RolloutManager(
-            servers=r.urls, prompts=prompts, group_size=2, batch_groups=2, group_filter=None,
-            stall_timeout_s=5.0, progress=False,
-        ) as m:  # fmt: skip
+            servers=r.urls,
+            prompts=prompts,
+            group_size=2,
+            batch_groups=2,
+            group_filter=None,
+            stall_timeout_s=5.0,
+            progress=False,
+        ) as m:
             await m.set_weights(version=0, backends=[r.llm.address])
             with pytest.raises(RolloutStalled):
                 await asyncio.wait_for(m.next_batch(), 30)
@@ -225,9 +258,12 @@ async def test_a_dropped_group_orphans_its_sample_waiting_to_be_resent() -> None
     # dropped. Sample 0's job used to be forgotten (it was in no server's in-flight map).
     server = ServerState("http://a", None, 4)  # type: ignore[arg-type]
     settings = Settings(
-        group_size=2, batch_groups=1, max_inflight_groups=1,
-        group_filter=lambda group: True, max_infra_retries=0,
-    )  # fmt: skip
+        group_size=2,
+        batch_groups=1,
+        max_inflight_groups=1,
+        group_filter=lambda group: True,
+        max_infra_retries=0,
+    )
     dispatcher = Dispatcher(settings, iter([]), ServerPool([server]), Staleness(None, 1), "r")
     dispatcher.reg.add_group(GroupState("p0", {"task": "t", "instance": {}}, 2))
     first, second = dispatcher.reg.pending
@@ -248,9 +284,12 @@ async def test_a_sample_resent_after_a_lost_answer_and_refused_is_orphaned() -> 
     # where the answer was lost, used to be forgotten.
     server, other = ServerState("http://a", None, 4), ServerState("http://b", None, 4)  # type: ignore[arg-type]
     settings = Settings(
-        group_size=1, batch_groups=1, max_inflight_groups=1,
-        group_filter=lambda group: True, max_infra_retries=3,
-    )  # fmt: skip
+        group_size=1,
+        batch_groups=1,
+        max_inflight_groups=1,
+        group_filter=lambda group: True,
+        max_infra_retries=3,
+    )
     dispatcher = Dispatcher(
         settings, iter([]), ServerPool([server, other]), Staleness(None, 1), "r"
     )

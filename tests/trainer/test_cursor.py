@@ -10,7 +10,7 @@ import pytest
 from aiohttp import web
 
 from prorl_async.trainer import RolloutManager, poller
-from tests.serverutil import ServerFactory, eventually, forwarding_proxy
+from tests.helpers import ServerFactory, eventually, forwarding_proxy
 
 
 def _sleeps(n: int, run_s: float) -> list[dict[str, object]]:
@@ -32,9 +32,14 @@ async def counting_proxy(target: str) -> AsyncIterator[tuple[str, Counter[str]]]
 async def test_results_come_by_cursor_with_no_per_id_poll(make_server: ServerFactory) -> None:
     async with make_server() as srv, counting_proxy(srv.url) as (url, counts):
         async with RolloutManager(
-            servers=[url], prompts=_sleeps(100, 0.01), group_size=4, batch_groups=4,
-            group_filter=None, max_version_lag=None, progress=False,
-        ) as m:  # fmt: skip
+            servers=[url],
+            prompts=_sleeps(100, 0.01),
+            group_size=4,
+            batch_groups=4,
+            group_filter=None,
+            max_version_lag=None,
+            progress=False,
+        ) as m:
             for _ in range(3):
                 assert len(await m.next_batch()) == 4
             results = m.metrics()["samples"]["results"]
@@ -50,9 +55,14 @@ async def test_a_job_the_server_forgot_is_found_by_a_sweep_and_run_again(
     monkeypatch.setattr(poller, "SWEEP_S", 0.2)
     async with make_server() as srv:
         async with RolloutManager(
-            servers=[srv.url], prompts=_sleeps(1, 0.3), group_size=2, batch_groups=1,
-            group_filter=None, max_version_lag=None, progress=False,
-        ) as m:  # fmt: skip
+            servers=[srv.url],
+            prompts=_sleeps(1, 0.3),
+            group_size=2,
+            batch_groups=1,
+            group_filter=None,
+            max_version_lag=None,
+            progress=False,
+        ) as m:
             assert m._dispatcher is not None
             server = m._dispatcher.pool.servers[srv.url]
             await eventually(lambda: len(server.submitted()) > 0)

@@ -23,10 +23,20 @@ async def test_a_dead_server_never_blocks_the_event_loop(tmp_path: Path) -> None
     # submission fails and they stay pinned to it (same ids: the answer may be lost)
     # until it is quarantined; moving them elsewhere must not spin the feed loop.
     prompts = [planted("random", seed=i, run_s=0.05, sigma=1.0) for i in range(600)]
-    async with rig(tmp_path, run_workers=32) as r, loop_watch() as beat, RolloutManager(
-        servers=r.urls, prompts=prompts, group_size=N, batch_groups=B, on_batch_full="carry",
-        group_filter=None, max_version_lag=None, progress=False,
-    ) as m:  # fmt: skip
+    async with (
+        rig(tmp_path, run_workers=32) as r,
+        loop_watch() as beat,
+        RolloutManager(
+            servers=r.urls,
+            prompts=prompts,
+            group_size=N,
+            batch_groups=B,
+            on_batch_full="carry",
+            group_filter=None,
+            max_version_lag=None,
+            progress=False,
+        ) as m,
+    ):
         await m.set_weights(version=0, backends=[r.llm.address])
         assert m._dispatcher is not None
         # pinned samples wait longer than the poller takes to quarantine the dead server
@@ -58,10 +68,18 @@ async def test_a_dead_server_never_blocks_the_event_loop(tmp_path: Path) -> None
 async def test_weights_synced_late_still_admit_groups(tmp_path: Path, first_sync: str) -> None:
     # three batches at version 0 with no set_weights after them, then a jump to version 3
     prompts = [planted("random", seed=i, run_s=0.01) for i in range(400)]
-    async with rig(tmp_path) as r, RolloutManager(
-        servers=r.urls, prompts=prompts, group_size=N, batch_groups=B, max_version_lag=1,
-        stall_timeout_s=20.0, progress=False,
-    ) as m:  # fmt: skip
+    async with (
+        rig(tmp_path) as r,
+        RolloutManager(
+            servers=r.urls,
+            prompts=prompts,
+            group_size=N,
+            batch_groups=B,
+            max_version_lag=1,
+            stall_timeout_s=20.0,
+            progress=False,
+        ) as m,
+    ):
         if first_sync == "before the first batch":
             await m.set_weights(version=0, backends=[r.llm.address])
         else:  # the servers serve version 0; the manager hears of versions only later

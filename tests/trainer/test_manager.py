@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from prorl_async.trainer import (
     RolloutStalled,
     TrainerError,
 )
-from tests.serverutil import eventually
+from tests.helpers import eventually
 from tests.trainer.checks import check_accounting, check_group
 from tests.trainer.flaky import flaky_proxy
 from tests.trainer.harness import mixed_prompts, planted, rig
@@ -37,10 +38,17 @@ def collect_samples(batch: list[Group], seen: set[tuple[str, int]], jobs: set[st
 
 async def test_ten_batches_with_carry_and_mid_batch_weight_swaps(tmp_path: Path) -> None:
     prompts = mixed_prompts(400, run_s=0.02, sigma=1.0)
-    async with rig(tmp_path) as r, RolloutManager(
-        servers=r.urls, prompts=prompts, group_size=N, batch_groups=B, max_version_lag=1,
-        progress=False,
-    ) as m:  # fmt: skip
+    async with (
+        rig(tmp_path) as r,
+        RolloutManager(
+            servers=r.urls,
+            prompts=prompts,
+            group_size=N,
+            batch_groups=B,
+            max_version_lag=1,
+            progress=False,
+        ) as m,
+    ):
         await m.set_weights(version=0, backends=[r.llm.address])
         seen: set[tuple[str, int]] = set()
         jobs: set[str] = set()
@@ -49,7 +57,9 @@ async def test_ten_batches_with_carry_and_mid_batch_weight_swaps(tmp_path: Path)
             pending = asyncio.ensure_future(m.next_batch())
             if i % 2:  # swap the weights while the batch is being filled
                 floor = m.metrics()["samples"]["results"] + 2
-                await eventually(lambda f=floor: m.metrics()["samples"]["results"] > f)
+                await eventually(
+                    functools.partial(lambda f: m.metrics()["samples"]["results"] > f, floor)
+                )
                 version += 1
                 await m.set_weights(version=version, backends=[r.llm.address])
             batch = await pending
@@ -72,10 +82,17 @@ async def test_ten_batches_with_carry_and_mid_batch_weight_swaps(tmp_path: Path)
 
 async def test_lag_zero_never_returns_an_old_group(tmp_path: Path) -> None:
     prompts = [planted("random", seed=i, run_s=0.05, sigma=1.0) for i in range(300)]
-    async with rig(tmp_path) as r, RolloutManager(
-        servers=r.urls, prompts=prompts, group_size=N, batch_groups=B, max_version_lag=0,
-        progress=False,
-    ) as m:  # fmt: skip
+    async with (
+        rig(tmp_path) as r,
+        RolloutManager(
+            servers=r.urls,
+            prompts=prompts,
+            group_size=N,
+            batch_groups=B,
+            max_version_lag=0,
+            progress=False,
+        ) as m,
+    ):
         await m.set_weights(version=0, backends=[r.llm.address])
         dispatcher = m._dispatcher
         assert dispatcher is not None
@@ -103,9 +120,13 @@ async def test_cancel_leaves_no_job_running(tmp_path: Path) -> None:
     prompts = mixed_prompts(200, run_s=0.1, sigma=1.2)
     async with rig(tmp_path) as r:
         async with RolloutManager(
-            servers=r.urls, prompts=prompts, group_size=N, batch_groups=B,
-            on_batch_full="cancel", progress=False,
-        ) as m:  # fmt: skip
+            servers=r.urls,
+            prompts=prompts,
+            group_size=N,
+            batch_groups=B,
+            on_batch_full="cancel",
+            progress=False,
+        ) as m:
             await m.set_weights(version=0, backends=[r.llm.address])
             for _ in range(2):
                 batch = await m.next_batch()
@@ -123,9 +144,16 @@ async def test_cancel_leaves_no_job_running(tmp_path: Path) -> None:
 
 async def test_server_killed_mid_batch(tmp_path: Path) -> None:
     prompts = mixed_prompts(300, run_s=0.1, sigma=0.5)
-    async with rig(tmp_path) as r, RolloutManager(
-        servers=r.urls, prompts=prompts, group_size=N, batch_groups=2 * B, progress=False,
-    ) as m:  # fmt: skip
+    async with (
+        rig(tmp_path) as r,
+        RolloutManager(
+            servers=r.urls,
+            prompts=prompts,
+            group_size=N,
+            batch_groups=2 * B,
+            progress=False,
+        ) as m,
+    ):
         await m.set_weights(version=0, backends=[r.llm.address])
         pending = asyncio.ensure_future(m.next_batch())
         victim = r.urls[0]
@@ -155,10 +183,15 @@ async def test_infrastructure_failures_are_retried_never_scored(tmp_path: Path) 
             flaky_proxy(r.urls[0], error_rate=0.05, drop_rate=0.05, seed=1) as p0,
             flaky_proxy(r.urls[1], error_rate=0.05, drop_rate=0.05, seed=2) as p1,
             RolloutManager(
-                servers=[p0.url, p1.url], prompts=prompts, group_size=N, batch_groups=B,
-                group_filter=None, max_version_lag=None, progress=False,
+                servers=[p0.url, p1.url],
+                prompts=prompts,
+                group_size=N,
+                batch_groups=B,
+                group_filter=None,
+                max_version_lag=None,
+                progress=False,
             ) as m,
-        ):  # fmt: skip
+        ):
             await m.set_weights(version=0, backends=[r.llm.address])
             for _ in range(5):
                 for group in await m.next_batch():
@@ -177,10 +210,17 @@ async def test_infrastructure_failures_are_retried_never_scored(tmp_path: Path) 
 async def test_a_prompt_that_never_finishes_hits_its_deadline(tmp_path: Path) -> None:
     prompts = [planted("random", seed=i, run_s=0.02) for i in range(40)]
     prompts.insert(1, planted("random", seed=99, hang=True))
-    async with rig(tmp_path) as r, RolloutManager(
-        servers=r.urls, prompts=prompts, group_size=N, batch_groups=B, sample_deadline_s=1.0,
-        progress=False,
-    ) as m:  # fmt: skip
+    async with (
+        rig(tmp_path) as r,
+        RolloutManager(
+            servers=r.urls,
+            prompts=prompts,
+            group_size=N,
+            batch_groups=B,
+            sample_deadline_s=1.0,
+            progress=False,
+        ) as m,
+    ):
         await m.set_weights(version=0, backends=[r.llm.address])
         batch = await m.next_batch()
         await eventually(lambda: m.metrics()["groups"]["failed_by"].get("deadline") == 1)
@@ -199,10 +239,18 @@ async def test_a_prompt_that_never_finishes_hits_its_deadline(tmp_path: Path) ->
 
 async def test_stall_watchdog_names_servers_and_samples(tmp_path: Path) -> None:
     prompts = [planted("right", seed=i, hang=True) for i in range(4)]
-    async with rig(tmp_path) as r, RolloutManager(
-        servers=r.urls, prompts=prompts, group_size=2, batch_groups=1, sample_deadline_s=None,
-        stall_timeout_s=1.0, progress=False,
-    ) as m:  # fmt: skip
+    async with (
+        rig(tmp_path) as r,
+        RolloutManager(
+            servers=r.urls,
+            prompts=prompts,
+            group_size=2,
+            batch_groups=1,
+            sample_deadline_s=None,
+            stall_timeout_s=1.0,
+            progress=False,
+        ) as m,
+    ):
         await m.set_weights(version=0, backends=[r.llm.address])
         waiting = asyncio.ensure_future(m.next_batch())
         await eventually(lambda: m.metrics()["samples"]["submitted"] > 0)
@@ -212,7 +260,8 @@ async def test_stall_watchdog_names_servers_and_samples(tmp_path: Path) -> None:
         with pytest.raises(RolloutStalled) as info:
             await m.next_batch()
     assert "no rollout result for 1 s" in str(info.value)
-    assert set(info.value.diagnosis["servers"]) == set(r.urls)  # type: ignore[arg-type]
+    servers = info.value.diagnosis["servers"]
+    assert isinstance(servers, dict) and set(servers) == set(r.urls)
     assert info.value.diagnosis["samples"]
     assert "waiting for 4 samples on servers" in str(info.value)
 
@@ -221,22 +270,36 @@ async def test_a_job_the_server_rejects_is_a_clear_error(tmp_path: Path) -> None
     prompts = [{"task": "no-such-task", "instance": {}}]
     async with rig(tmp_path, servers=1) as r:
         async with RolloutManager(
-            servers=r.urls, prompts=prompts, group_size=2, batch_groups=1, progress=False,
-        ) as m:  # fmt: skip
+            servers=r.urls,
+            prompts=prompts,
+            group_size=2,
+            batch_groups=1,
+            progress=False,
+        ) as m:
             with pytest.raises(TrainerError, match=r"rejected a job: HTTP 422.*no-such-task"):
                 await m.next_batch()
         async with RolloutManager(
-            servers=r.urls, prompts=[{"task": "planted"}], group_size=1, batch_groups=1,
-        ) as m:  # fmt: skip
+            servers=r.urls,
+            prompts=[{"task": "planted"}],
+            group_size=1,
+            batch_groups=1,
+        ) as m:
             with pytest.raises(TrainerError, match=r"prompts\[0\]: missing 'instance'"):
                 await m.next_batch()
 
 
 async def test_prompts_running_out_is_a_clear_error(tmp_path: Path) -> None:
     prompts = [planted("right", seed=i) for i in range(3)] + [planted("random", seed=7)]
-    async with rig(tmp_path, servers=1) as r, RolloutManager(
-        servers=r.urls, prompts=prompts, group_size=N, batch_groups=2, progress=False,
-    ) as m:  # fmt: skip
+    async with (
+        rig(tmp_path, servers=1) as r,
+        RolloutManager(
+            servers=r.urls,
+            prompts=prompts,
+            group_size=N,
+            batch_groups=2,
+            progress=False,
+        ) as m,
+    ):
         await m.set_weights(version=0, backends=[r.llm.address])
         inst = PlantedInstance(outcome="random", seed=7)
         ready = int(len({planted_reward(inst, f"p3-{k}") for k in range(N)}) > 1)

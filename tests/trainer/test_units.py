@@ -20,19 +20,31 @@ from prorl_async.trainer.staleness import Staleness
 
 def result(reward: float, version: int, k: int) -> dict[str, Any]:
     return {
-        "job_id": f"j{k}", "status": "done", "reward": reward, "prompt_ids": [1, 2],
-        "response_ids": [3, 4, 5], "response_mask": [1, 0, 1],
-        "response_logprobs": [-0.1, 0.0, -0.2], "num_turns": 2,
+        "job_id": f"j{k}",
+        "status": "done",
+        "reward": reward,
+        "prompt_ids": [1, 2],
+        "response_ids": [3, 4, 5],
+        "response_mask": [1, 0, 1],
+        "response_logprobs": [-0.1, 0.0, -0.2],
+        "num_turns": 2,
         "turns": [{"role": "assistant", "token_ids": [3], "weight_version": version}],
-        "weight_versions": [version], "timing": {"active_s": 0.5}, "metadata": {},
-    }  # fmt: skip
+        "weight_versions": [version],
+        "timing": {"active_s": 0.5},
+        "metadata": {},
+    }
 
 
 VERL_FIELDS = {
-    "prompt_ids", "response_ids", "response_mask", "response_logprobs", "response_versions",
+    "prompt_ids",
+    "response_ids",
+    "response_mask",
+    "response_logprobs",
+    "response_versions",
     "reward_score",
-    "num_turns", "metrics",
-}  # fmt: skip
+    "num_turns",
+    "metrics",
+}
 
 
 def test_group_fields_and_verl_view() -> None:
@@ -100,11 +112,17 @@ def test_bad_arguments_name_what_is_wrong(kwargs: dict[str, Any], message: str) 
 
 def test_cluster_file(tmp_path: Path) -> None:
     path = tmp_path / "cluster.json"
-    path.write_text(json.dumps({
-        "slurm_job_id": "7", "servers": [{"url": "http://a:1", "node": "a"}],
-        "llms": [{"address": "http://a:2/v1", "node": "a"}],
-        "assignment": {"http://a:1": ["http://a:2/v1"]}, "extra": True,
-    }))  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "slurm_job_id": "7",
+                "servers": [{"url": "http://a:1", "node": "a"}],
+                "llms": [{"address": "http://a:2/v1", "node": "a"}],
+                "assignment": {"http://a:1": ["http://a:2/v1"]},
+                "extra": True,
+            }
+        )
+    )
     cluster = load_cluster(path)
     assert [s.url for s in cluster.servers] == ["http://a:1"]
     assert RolloutManager(cluster=path, prompts=[], group_size=1, batch_groups=1).urls == [
@@ -121,9 +139,12 @@ async def test_a_pass_moves_samples_off_a_dead_server_once_and_never_wakes_itsel
     dead, full = ServerState("http://a", None, 4), ServerState("http://b", None, 0)  # type: ignore[arg-type]
     dead.quarantine()
     settings = Settings(
-        group_size=2, batch_groups=1, max_inflight_groups=1, group_filter=nonzero_std,
+        group_size=2,
+        batch_groups=1,
+        max_inflight_groups=1,
+        group_filter=nonzero_std,
         max_infra_retries=3,
-    )  # fmt: skip
+    )
     dispatcher = Dispatcher(settings, iter([]), ServerPool([dead, full]), Staleness(None, 1), "r")
     dispatcher.reg.add_group(GroupState("p0", {"task": "t", "instance": {}}, 2))
     for sample in dispatcher.reg.pending:  # their submission's answer was lost, then a went down

@@ -15,8 +15,8 @@ import pytest
 
 from prorl_async.llm.pool import BackendPool, PoolConfig, RegistrationError
 from prorl_async.scripted_llm import ScriptedLLM
-from tests.llm.pool.conftest import FAST, StartLLM
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
+from tests.llm.pool.conftest import FAST, StartLLM, backend
 
 PROMPT = [1, 2, 3, 4]
 
@@ -70,9 +70,13 @@ async def test_an_engine_that_stops_answering_is_failed_over_not_waited_out(
     a, b = await start_llm(), await start_llm()
     # A request timeout far beyond the test's bound: only the health probes can end the call.
     config = PoolConfig(
-        failure_threshold=2, probe_interval_s=0.05, probe_timeout_s=0.5, retries=2,
-        retry_backoff_s=0.0, request_timeout_s=600.0,
-    )  # fmt: skip
+        failure_threshold=2,
+        probe_interval_s=0.05,
+        probe_timeout_s=0.5,
+        retries=2,
+        retry_backoff_s=0.0,
+        request_timeout_s=600.0,
+    )
     async with BackendPool(config) as pool:
         await pool.register(a.address)
         await pool.register(b.address)
@@ -86,7 +90,7 @@ async def test_an_engine_that_stops_answering_is_failed_over_not_waited_out(
             gen = await asyncio.wait_for(call, 30)
         assert gen.backend == b.address
         assert a.log[0].outcome == "stalled"
-        assert pool.get(a.address) is not None and not pool.get(a.address).healthy  # type: ignore[union-attr]
+        assert not backend(pool, a.address).healthy
 
 
 async def test_a_stalled_engine_with_no_other_backend_fails_the_call_naming_it(
@@ -96,9 +100,13 @@ async def test_a_stalled_engine_with_no_other_backend_fails_the_call_naming_it(
 
     a: ScriptedLLM = await start_llm()
     config = PoolConfig(
-        failure_threshold=2, probe_interval_s=0.05, probe_timeout_s=0.5, retries=2,
-        retry_backoff_s=0.0, request_timeout_s=600.0,
-    )  # fmt: skip
+        failure_threshold=2,
+        probe_interval_s=0.05,
+        probe_timeout_s=0.5,
+        retries=2,
+        retry_backoff_s=0.0,
+        request_timeout_s=600.0,
+    )
     async with BackendPool(config) as pool:
         await pool.register(a.address)
         async with pool.lease() as lease:

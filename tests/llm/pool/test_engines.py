@@ -25,7 +25,7 @@ from prorl_async.llm.engines import (
 )
 from prorl_async.llm.pool import BackendError, BackendPool, PoolConfig
 from prorl_async.scripted_llm import ScriptedLLM
-from tests.llm.pool.conftest import StartLLM
+from tests.llm.pool.conftest import StartLLM, backend
 
 CHAT = "<|im_start|>user\nWhat is 6*7?<|im_end|>\n<|im_start|>assistant\n"
 
@@ -116,8 +116,13 @@ def test_missing_logprobs_block_is_clamped_not_fatal() -> None:
     payload = {"choices": [{"token_ids": [5, 6], "logprobs": None, "finish_reason": "length"}]}
     gen = parse_vllm("http://x/v1", payload)
     assert gen.logprobs == [LOGPROB_FLOOR, LOGPROB_FLOOR] and gen.clamped == 2
-    inf = {"output_ids": [1], "meta_info": {"finish_reason": {"type": "stop"},
-           "output_token_logprobs": [[float("-inf"), 1, None]]}}  # fmt: skip
+    inf = {
+        "output_ids": [1],
+        "meta_info": {
+            "finish_reason": {"type": "stop"},
+            "output_token_logprobs": [[float("-inf"), 1, None]],
+        },
+    }
     assert parse_sglang("http://x", inf).clamped == 1
 
 
@@ -139,7 +144,7 @@ def test_missing_logprobs_block_is_clamped_not_fatal() -> None:
                         "finish_reason": "stop",
                     }
                 ]
-            },  # fmt: skip
+            },
             "token_logprobs",
         ),
     ],
@@ -187,7 +192,7 @@ async def test_model_discovery_404_counts_against_the_backend_other_4xx_not_retr
             with pytest.raises(BackendError, match="does not exist"):
                 await lease.generate(prompt_ids(llm), 10, {})
             assert len(llm.log) == before + 3  # retried, then the backend is marked unhealthy
-        assert pool.get(llm.address).healthy is False  # type: ignore[union-attr]
+        assert backend(pool, llm.address).healthy is False
 
 
 def test_server_root() -> None:
@@ -235,8 +240,10 @@ class DroppingEngine:
                     return  # the keep-alive timer ended: close without an answer
                 length = re.search(rb"(?i)content-length: *(\d+)", head)
                 await reader.readexactly(int(length.group(1)) if length else 0)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                             b"content-length: 2\r\n\r\n{}")  # fmt: skip
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    b"content-length: 2\r\n\r\n{}"
+                )
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             return
@@ -262,5 +269,7 @@ async def test_an_admin_call_dropped_twice_fails_naming_the_engine() -> None:
     ):
         with pytest.raises(EngineUnavailable, match=re.escape(engine.address)):
             await engine_pause(s, "vllm", engine.address, "keep", 5.0)
-    assert engine.requests == [(1, "POST /pause?mode=keep HTTP/1.1"),
-                               (2, "POST /pause?mode=keep HTTP/1.1")]  # fmt: skip
+    assert engine.requests == [
+        (1, "POST /pause?mode=keep HTTP/1.1"),
+        (2, "POST /pause?mode=keep HTTP/1.1"),
+    ]

@@ -10,23 +10,14 @@ import pytest
 from prorl_async.llm.pool import BackendError, BackendPool, Lease, PoolConfig
 from prorl_async.scripted_llm import LatencyModel
 from prorl_async.util.timer import PausableTimer
-from tests.llm.pool.conftest import FAST, StartLLM
+from tests.helpers import eventually
+from tests.llm.pool.conftest import FAST, StartLLM, backend
 
 PROMPT = [1, 2, 3, 4]
 
 
 async def hold(pool: BackendPool, count: int, stack: contextlib.AsyncExitStack) -> list[Lease]:
     return [await stack.enter_async_context(pool.lease()) for _ in range(count)]
-
-
-async def wait_until(cond: object, what: str, deadline_s: float = 5.0) -> None:
-    """Bounded polling for state that has no event of its own (health flips)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while not cond():  # type: ignore[operator]
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 async def test_pick_least_inflight_now_then_least_assigned(start_llm: StartLLM) -> None:
@@ -112,7 +103,7 @@ async def test_waiting_for_a_backend_pauses_the_timer(start_llm: StartLLM) -> No
 
         async with pool.lease():
             task = asyncio.create_task(job())
-            await wait_until(lambda: pool.waiting == 1, "the job to wait")
+            await eventually(lambda: pool.waiting == 1, timeout=5, what="the job to wait")
             assert not timer.running and not got.is_set()
             frozen = timer.elapsed()
             assert timer.elapsed() == frozen  # paused: no active time accrues
@@ -136,7 +127,7 @@ async def test_clear_mid_run_held_leases_finish_new_ones_wait(start_llm: StartLL
                     return g.backend, g.weight_version
 
             task = asyncio.create_task(new_job())
-            await wait_until(lambda: pool.waiting == 1, "the new job to wait")
+            await eventually(lambda: pool.waiting == 1, timeout=5, what="the new job to wait")
             pool.add(b.address, weight_version=2)
             assert await task == (b.address, 2)
 
@@ -151,9 +142,15 @@ async def test_new_weight_version_shows_in_later_generations(start_llm: StartLLM
             g2 = await lease.generate(PROMPT, 8, {})
         assert (g1.weight_version, g2.weight_version) == (7, 8)
         assert pool.snapshot() == [
-            {"address": a.address, "inflight": 0, "assigned": 1, "healthy": True,
-             "weight_version": 8, "max_model_len": None}
-        ]  # fmt: skip
+            {
+                "address": a.address,
+                "inflight": 0,
+                "assigned": 1,
+                "healthy": True,
+                "weight_version": 8,
+                "max_model_len": None,
+            }
+        ]
 
 
 async def test_killed_backend_fails_over_and_the_lease_moves(start_llm: StartLLM) -> None:
@@ -198,7 +195,7 @@ async def test_5xx_drops_and_hangs_are_retried_elsewhere(start_llm: StartLLM, fa
             assert lease.address == a.address
             gen = await lease.generate(PROMPT, 8, {})
         assert gen.backend == b.address and len(a.log) == 1 and pool.get(a.address)
-        assert pool.get(a.address).failures == 1  # type: ignore[union-attr]
+        assert backend(pool, a.address).failures == 1
 
 
 async def test_transient_error_on_the_only_backend_is_retried_there(start_llm: StartLLM) -> None:
@@ -209,7 +206,7 @@ async def test_transient_error_on_the_only_backend_is_retried_there(start_llm: S
         async with pool.lease() as lease:
             gen = await lease.generate(PROMPT, 8, {})
         assert gen.backend == a.address and [e.outcome for e in a.log] == ["error", "ok"]
-        assert pool.snapshot()[0]["healthy"] and pool.get(a.address).failures == 0  # type: ignore[union-attr]
+        assert pool.snapshot()[0]["healthy"] and backend(pool, a.address).failures == 0
 
 
 async def test_failover_during_a_checkpoint_swap_waits_for_the_new_backend(
@@ -222,7 +219,9 @@ async def test_failover_during_a_checkpoint_swap_waits_for_the_new_backend(
             pool.clear()
             await a.kill()
             call = asyncio.create_task(lease.generate(PROMPT, 8, {}))
-            await wait_until(lambda: pool.waiting == 1, "the retry to wait for a backend")
+            await eventually(
+                lambda: pool.waiting == 1, timeout=5, what="the retry to wait for a backend"
+            )
             pool.add(b.address, weight_version=2)
             gen = await call
         assert (gen.backend, gen.weight_version) == (b.address, 2)
@@ -263,11 +262,11 @@ async def test_unhealthy_backend_is_skipped_then_probed_back(start_llm: StartLLM
         for _ in range(2):  # threshold 2: two failed calls, each failing over to b
             async with pool.lease() as lease:
                 assert (await lease.generate(PROMPT, 8, {})).backend == b.address
-        assert pool.get(a.address).healthy is False  # type: ignore[union-attr]
+        assert backend(pool, a.address).healthy is False
         async with pool.lease() as l1, pool.lease() as l2:  # skipped while unhealthy
             assert l1.address == l2.address == b.address
         a.set_faults(down=False)
-        await wait_until(lambda: pool.get(a.address).healthy, "the probe")  # type: ignore[union-attr]
+        await eventually(lambda: backend(pool, a.address).healthy, timeout=5, what="the probe")
         async with pool.lease() as lease:
             assert (await lease.generate(PROMPT, 8, {})).backend == a.address
 
@@ -281,7 +280,9 @@ async def test_killed_and_revived_backend_comes_back(start_llm: StartLLM) -> Non
             with pytest.raises(BackendError):
                 await lease.generate(PROMPT, 8, {})
         waiter = asyncio.create_task(_one_call(pool))
-        await wait_until(lambda: pool.waiting == 1, "a job waiting for a healthy backend")
+        await eventually(
+            lambda: pool.waiting == 1, timeout=5, what="a job waiting for a healthy backend"
+        )
         await a.revive()
         assert await waiter == a.address
 
@@ -302,7 +303,7 @@ async def test_leases_are_returned_on_error_and_cancellation(start_llm: StartLLM
         running = asyncio.create_task(_one_call(pool))
         await a.wait_requests(1)
         waiting = asyncio.create_task(_one_call(pool))
-        await wait_until(lambda: pool.waiting == 1, "the second job to wait")
+        await eventually(lambda: pool.waiting == 1, timeout=5, what="the second job to wait")
         waiting.cancel()
         running.cancel()
         for t in (running, waiting):
@@ -317,7 +318,7 @@ async def test_closing_the_pool_fails_waiters_and_is_idempotent(start_llm: Start
     pool = BackendPool(FAST)
     async with pool:
         task = asyncio.create_task(_one_call(pool))  # nothing registered: waits
-        await wait_until(lambda: pool.waiting == 1, "the job to wait")
+        await eventually(lambda: pool.waiting == 1, timeout=5, what="the job to wait")
         await pool.aclose()
     await pool.aclose()
     with pytest.raises(BackendError, match="closed"):

@@ -77,8 +77,9 @@ async def test_reply_is_encoded_and_respects_max_tokens(start_llm: StartLLM) -> 
     assert choice["finish_reason"] == "stop"
     lps = [synthetic_logprob(len(ids), i, t) for i, t in enumerate(choice["token_ids"])]
     assert choice["logprobs"]["token_logprobs"] == lps
-    status, out = await post(llm, "/generate", {"input_ids": ids,
-                             "sampling_params": {"max_new_tokens": 2}})  # fmt: skip
+    status, out = await post(
+        llm, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 2}}
+    )
     assert out["output_ids"] == expected[:2]
     assert out["meta_info"]["finish_reason"]["type"] == "length"  # type: ignore[index]
 
@@ -91,12 +92,12 @@ async def test_reply_is_encoded_and_respects_max_tokens(start_llm: StartLLM) -> 
             "/v1/completions",
             {"model": "scripted-llm", "prompt": [1], "max_tokens": 0},
             "'max_tokens'",
-        ),  # fmt: skip
+        ),
         (
             "/generate",
             {"input_ids": [1], "sampling_params": {"max_new_tokens": "x"}},
             "max_new_tokens",
-        ),  # fmt: skip
+        ),
         ("/generate", [1, 2], "JSON object"),
     ],
 )
@@ -140,9 +141,17 @@ async def test_down_switch_and_health(start_llm: StartLLM) -> None:
 
 async def test_cli_serves_until_sigterm() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prorl_async.scripted_llm", "--port", "0", "--policy",
-        "random_tools", "--per-token", "0.0001", stdout=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        sys.executable,
+        "-m",
+        "prorl_async.scripted_llm",
+        "--port",
+        "0",
+        "--policy",
+        "random_tools",
+        "--per-token",
+        "0.0001",
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         assert proc.stdout is not None
         line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode()
@@ -160,8 +169,14 @@ async def test_cli_serves_until_sigterm() -> None:
 
 async def test_cli_rejects_bad_flags() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "prorl_async.scripted_llm", "--port", "0", "--error-rate", "2",
+        sys.executable,
+        "-m",
+        "prorl_async.scripted_llm",
+        "--port",
+        "0",
+        "--error-rate",
+        "2",
         stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+    )
     _, err = await asyncio.wait_for(proc.communicate(), 30)
     assert proc.returncode == 2 and b"error_rate" in err

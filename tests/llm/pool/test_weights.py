@@ -14,8 +14,8 @@ from prorl_async.llm.weights import WeightsError
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
 from prorl_async.util.timer import PausableTimer
+from tests.helpers import ServerFactory, eventually
 from tests.llm.pool.conftest import StartLLM
-from tests.serverutil import ServerFactory, eventually
 
 PROMPT = [1, 2, 3, 4]
 CONFIG = PoolConfig(probe_interval_s=0.05, retries=2, retry_backoff_s=0.0)
@@ -151,9 +151,15 @@ async def test_the_sglang_double_aborts_on_a_bare_version_update(start_llm: Star
     long_reply(llm)
     async with aiohttp.ClientSession() as s:
         gen = asyncio.create_task(
-            s.post(f"{llm.root}/generate", json={"input_ids": PROMPT, "return_logprob": True,
-                                                 "sampling_params": {"max_new_tokens": 80}})
-        )  # fmt: skip
+            s.post(
+                f"{llm.root}/generate",
+                json={
+                    "input_ids": PROMPT,
+                    "return_logprob": True,
+                    "sampling_params": {"max_new_tokens": 80},
+                },
+            )
+        )
         await _started(llm)
         async with s.post(f"{llm.root}/update_weight_version", json={"new_version": "3"}) as r:
             assert r.status == 200
@@ -193,11 +199,19 @@ async def test_a_job_records_a_version_per_token_and_none_for_observations(
     assert len(versions) == len(doc["response_ids"])
     assert all((v == 7) if m else (v is None) for v, m in zip(versions, mask, strict=True))
     turns = [t for t in doc["turns"] if t["role"] == "assistant"]
-    assert all(t["segments"] == [{"start": 0, "end": len(t["token_ids"]), "weight_version": 7}]
-               for t in turns)  # fmt: skip
+    assert all(
+        t["segments"] == [{"start": 0, "end": len(t["token_ids"]), "weight_version": 7}]
+        for t in turns
+    )
     assert doc["weight_versions"] == [7]
-    expected = {"address": llm.address, "weight_version": 7, "paused": False,
-                "weights_path": "scripted-llm", "loaded_at": None, "last_load_s": None}  # fmt: skip
+    expected = {
+        "address": llm.address,
+        "weight_version": 7,
+        "paused": False,
+        "weights_path": "scripted-llm",
+        "loaded_at": None,
+        "last_load_s": None,
+    }
     assert weights == [expected]
 
 
