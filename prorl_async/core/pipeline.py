@@ -235,7 +235,7 @@ class Pipeline:
         self.queued[stage] -= 1
         waited = job.queued_s
         job.leave_queue()
-        if job.holds_resources:  # a sandbox alive and waiting: idle sandbox-seconds
+        if job.holds_live:  # a sandbox alive and waiting: idle sandbox-seconds
             self.stats[stage._value_].idle_sandbox_seconds += job.queued_s - waited
         self.changed.fire_soon()
         return True
@@ -252,6 +252,9 @@ class Pipeline:
         if not self._dequeue(job) or job.cancel_requested:
             return  # cancelled while it waited in the queue (the cancel finishes it)
         run = self._begin(stage, job, worker)
+        # A sandbox running as the stage begins idles through the stage's waits (one
+        # started on first use in the stage was not there for the waits before it).
+        idles = job.holds_live
         outcome: tuple[Outcome, BaseException | None] | None = None
         keep = False  # a successful INIT keeps what the job holds for RUN
         try:
@@ -268,7 +271,7 @@ class Pipeline:
                 self._notify(job, run.name, exc)
                 result = _FAILED, exc
             finally:
-                self._account(job, stage, run)
+                self._account(job, stage, run, idles)
                 if not keep and job.holds_resources:  # after RUN, and on any failure
                     await self._release(job)
             outcome = result
@@ -295,14 +298,15 @@ class Pipeline:
         job.scope = run.scope
         return run
 
-    def _account(self, job: Job, stage: Stage, run: StageRun) -> None:
-        """The stage's times, into the stage's statistics, the job's and the metrics."""
+    def _account(self, job: Job, stage: Stage, run: StageRun, idles: bool) -> None:
+        """The stage's times, into the stage's statistics, the job's and the metrics
+        (``idles``: a sandbox of the job ran through the stage)."""
         run.leave(job)
         job.scope = None
         wall, active = run.wall, run.active
         job.stage_active[stage] = job.stage_active.get(stage, 0.0) + active
         job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + wall
-        if stage is not INIT and job.holds_resources:
+        if stage is not INIT and idles:
             # Waiting (timer paused, e.g. for a backend) holding a sandbox: idle too.
             run.stats.idle_sandbox_seconds += max(wall - active, 0.0)
         if self.observer is not None:
