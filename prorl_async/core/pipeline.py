@@ -17,7 +17,7 @@ import enum
 import functools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from prorl_async.core.job import INIT, RUN, Job, Stage
@@ -115,6 +115,10 @@ class Pipeline:
             stats=self.stats,
             enabled=jit_init,
         )
+        # RUN jobs waiting for a sandbox-budget slot now (the service sets it from the
+        # budget), and the jobs in RUN's queue holding a running sandbox: ``rescue_run``.
+        self.slot_waiting: Callable[[], int] = lambda: 0
+        self._holding: set[Job] = set()
         self._started = False
 
     def _pool(self, stage: Stage, size: int) -> WorkerPool[Job]:
@@ -226,6 +230,9 @@ class Pipeline:
         self.queues[stage].put_nowait(job)
         self.stats[stage._value_].arrivals.add()
         self.changed.fire_soon()
+        if stage is RUN and job.holds_live:
+            self._holding.add(job)
+            self.rescue_run()
 
     def _dequeue(self, job: Job) -> bool:
         stage = job.queue_stage
@@ -233,6 +240,8 @@ class Pipeline:
             return False
         job.queue_stage = None
         self.queued[stage] -= 1
+        if self._holding:
+            self._holding.discard(job)
         waited = job.queued_s
         job.leave_queue()
         if job.holds_live:  # a sandbox alive and waiting: idle sandbox-seconds
@@ -249,8 +258,8 @@ class Pipeline:
         if stage is INIT and not self.jit.open():
             # The job stays queued (timer paused) until RUN will take it soon.
             await self.jit.wait(lambda: job.cancel_requested)
-        if not self._dequeue(job) or job.cancel_requested:
-            return  # cancelled while it waited in the queue (the cancel finishes it)
+        if job.queue_stage is not stage or not self._dequeue(job) or job.cancel_requested:
+            return  # cancelled while queued (the cancel finishes it), or rescued from RUN's
         run = self._begin(stage, job, worker)
         # A sandbox running as the stage begins idles through the stage's waits (one
         # started on first use in the stage was not there for the waits before it).
@@ -287,6 +296,21 @@ class Pipeline:
         finally:
             self._end(stage, job)
         self._advance(job, stage, outcome)
+
+    def rescue_run(self) -> None:
+        """While RUN jobs wait for a sandbox slot, the jobs in RUN's queue that hold a
+        running sandbox start RUN at once, each on a task of its own: they may hold every
+        slot, the waiters (sandboxes started on first use) every RUN worker, and nothing
+        else would end that wait. At most one such extra RUN job per slot."""
+        if self._holding and self.slot_waiting():
+            holding, self._holding = self._holding, set()
+            for job in holding:
+                self._spawn(self._rescued(job))
+
+    async def _rescued(self, job: Job) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        await self._work(RUN, job, task)  # its entry in RUN's queue is skipped later
 
     def _begin(self, stage: Stage, job: Job, worker: asyncio.Task[Any]) -> StageRun:
         """The job enters ``stage`` in ``worker``: counted active, its scope set."""
