@@ -42,7 +42,7 @@ from prorl_async.grading.code import (
     extract_solution,
     outputs_match,
 )
-from prorl_async.sandbox import Runtime, Sandbox, SandboxLimits, SandboxSpec
+from prorl_async.sandbox import Runtime, Sandbox, SandboxHandle, SandboxLimits, SandboxSpec
 from prorl_async.stages import StageScope
 
 __all__ = [
@@ -144,7 +144,7 @@ def solution_from_trajectory(trajectory: Trajectory | None) -> tuple[str | None,
     return (from_text, "text") if from_text is not None else (None, "none")
 
 
-async def _solution_file(sandbox: Sandbox) -> str | None:
+async def _solution_file(sandbox: SandboxHandle) -> str | None:
     probe = await sandbox.exec(f"test -f {SOLUTION_FILE}", timeout=10.0)
     if probe.exit_code != 0:
         return None
@@ -297,7 +297,7 @@ class CodeHandler(AgentHandler):
 
     async def run(self, job: Job) -> None:
         inst: CodeInstance = job.instance
-        sandbox: Sandbox = job.state["sandbox"]
+        sandbox: SandboxHandle = job.state["sandbox"]
         messages = [
             {"role": "system", "content": inst.system},
             {"role": "user", "content": _user_message(inst)},

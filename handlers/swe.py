@@ -40,7 +40,7 @@ from typing import Annotated, Any
 import msgspec
 
 from prorl_async import AgentHandler, InstanceError, Job, SandboxTools, run_agent, start_sandbox
-from prorl_async.sandbox import Sandbox, SandboxSpec, SpecError
+from prorl_async.sandbox import SandboxHandle, SandboxSpec, SpecError
 from prorl_async.sandbox.spec import check_relative_path
 
 __all__ = ["SweHandler", "SweInstance", "SweTask", "parse_test_outcomes"]
@@ -189,7 +189,7 @@ def _pack(entries: dict[str, tuple[bytes, int]]) -> bytes:
 # -- sandbox steps ---------------------------------------------------------------------------
 
 
-async def _must(sandbox: Sandbox, command: str, what: str, timeout: float = 120.0) -> str:
+async def _must(sandbox: SandboxHandle, command: str, what: str, timeout: float = 120.0) -> str:
     result = await sandbox.exec(command, timeout=timeout)
     if result.exit_code != 0:
         output = (result.stdout + result.stderr).strip()[-_OUTPUT_TAIL:]
@@ -197,7 +197,7 @@ async def _must(sandbox: Sandbox, command: str, what: str, timeout: float = 120.
     return result.stdout
 
 
-async def checkout(sandbox: Sandbox, task: SweTask) -> str:
+async def checkout(sandbox: SandboxHandle, task: SweTask) -> str:
     """Unpack the repository into the workspace, commit it; the base commit's hash."""
     await sandbox.client.upload(_ARCHIVE, task.archive)
     command = (
@@ -208,7 +208,7 @@ async def checkout(sandbox: Sandbox, task: SweTask) -> str:
     return (await _must(sandbox, command, "setting up the repository with git")).strip()
 
 
-async def capture_patch(sandbox: Sandbox, base: str) -> str:
+async def capture_patch(sandbox: SandboxHandle, base: str) -> str:
     """The model's change against the base commit (new files included, even if it committed).
 
     Raises ``PatchTooLarge`` beyond ``_MAX_PATCH_BYTES``.
@@ -225,7 +225,7 @@ class PatchTooLarge(ValueError):
     """The model's change is too big to carry to EVAL (scored 0, not a failure)."""
 
 
-async def restore_tests(sandbox: Sandbox, task: SweTask) -> None:
+async def restore_tests(sandbox: SandboxHandle, task: SweTask) -> None:
     """Reset the test files named by the test ids and every conftest.py to the original.
 
     So a patch cannot pass by editing, deleting or adding (conftest.py) tests.
@@ -238,7 +238,7 @@ async def restore_tests(sandbox: Sandbox, task: SweTask) -> None:
     await _must(sandbox, command, "restoring the original test files")
 
 
-async def apply_patch(sandbox: Sandbox, patch: str) -> tuple[bool, str]:
+async def apply_patch(sandbox: SandboxHandle, patch: str) -> tuple[bool, str]:
     """Apply ``patch`` with ``git apply``, else ``patch -p1``; (applied, how or why not)."""
     if not patch.strip():
         return True, "empty"
@@ -253,7 +253,7 @@ async def apply_patch(sandbox: Sandbox, patch: str) -> tuple[bool, str]:
     return False, why
 
 
-async def run_tests(sandbox: Sandbox, task: SweTask) -> dict[str, Any]:
+async def run_tests(sandbox: SandboxHandle, task: SweTask) -> dict[str, Any]:
     """Run the listed tests once; outcomes per test id, exit code, timeout flag, output tail."""
     ids = " ".join(shlex.quote(t) for t in task.test_ids)
     command = f"{task.instance.test_command} {ids} -rA > {_TEST_LOG} 2>&1"
@@ -301,7 +301,7 @@ class SweHandler(AgentHandler):
         job.state["sandbox"] = sandbox
         job.state["base"] = await checkout(sandbox, job.instance)
 
-    def prompt(self, task: SweTask, sandbox: Sandbox) -> list[dict[str, Any]]:
+    def prompt(self, task: SweTask, sandbox: SandboxHandle) -> list[dict[str, Any]]:
         inst = task.instance
         user = (
             f"{inst.problem_statement}\n\nThe repository is checked out in "
@@ -312,7 +312,7 @@ class SweHandler(AgentHandler):
 
     async def run(self, job: Job) -> None:
         task: SweTask = job.instance
-        sandbox: Sandbox = job.state["sandbox"]
+        sandbox: SandboxHandle = job.state["sandbox"]
         tools = SandboxTools(sandbox, ["bash", "str_replace_editor"], job)
         await run_agent(
             job, messages=self.prompt(task, sandbox), tools=tools, max_turns=task.instance.max_turns
@@ -334,7 +334,7 @@ class SweHandler(AgentHandler):
                 job.eval = await self.evaluate(sandbox, task, job.state.get("patch", ""))
         job.reward = float(job.eval["reward"])
 
-    async def evaluate(self, sandbox: Sandbox, task: SweTask, patch: str) -> dict[str, Any]:
+    async def evaluate(self, sandbox: SandboxHandle, task: SweTask, patch: str) -> dict[str, Any]:
         """EVAL inside a fresh ``sandbox``: check out, apply ``patch``, run the tests, score."""
         await checkout(sandbox, task)
         applied, how = await apply_patch(sandbox, patch)

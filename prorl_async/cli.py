@@ -14,6 +14,7 @@ __all__ = ["DELEGATED", "RUNTIMES", "build_parser", "main"]
 RUNTIMES = ("auto", "bwrap", "apptainer", "local")
 STORES = ("sqlite", "memory")
 ON_RESTART = ("requeue", "fail")
+SANDBOX_STARTS = ("eager", "on_first_use")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 # Subcommands with a parser of their own: name -> (module with main(argv), one-line help).
@@ -197,6 +198,13 @@ def _llm_sandbox_flags(g: argparse._ArgumentGroup, d: ServerConfig) -> None:
         type=int,
         metavar="N",
         help=f"sandboxes kept started ahead (default {d.warm_sandboxes})",
+    )
+    add(
+        "--sandbox-start",
+        choices=SANDBOX_STARTS,
+        help="when a task's sandbox is launched: eager (in INIT, as the "
+        "task asks for it) or on_first_use (when the task or the model first uses it; "
+        f"never, for a rollout that calls no tool) (default {d.sandbox_start})",
     )
 
 

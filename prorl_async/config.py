@@ -103,6 +103,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     warm_sandboxes: int = 0
     # INIT starts a job only when RUN will take it soon (no sandbox idles in RUN's queue).
     jit_init: bool = True
+    # When start_sandbox launches the sandbox: eager (in the call, as INIT runs) or
+    # on_first_use (at the handler's or the model's first use; never, if nothing uses it).
+    sandbox_start: str = "eager"
     # Let the autoscaler set every stage's workers (bounds and pace in ``autoscaling``).
     autoscale: bool = False
     autoscaling: AutoscaleConfig = msgspec.field(default_factory=AutoscaleConfig)
@@ -191,6 +194,8 @@ def _check(cfg: ServerConfig) -> None:
         raise ConfigError(f"store must be sqlite or memory, got {cfg.store!r}")
     if cfg.on_restart not in ("requeue", "fail"):
         raise ConfigError(f"on_restart must be requeue or fail, got {cfg.on_restart!r}")
+    if cfg.sandbox_start not in ("eager", "on_first_use"):
+        raise ConfigError(f"sandbox_start must be eager or on_first_use, got {cfg.sandbox_start!r}")
     if cfg.result_cache_bytes < 0:
         raise ConfigError(f"result_cache_bytes must be >= 0, got {cfg.result_cache_bytes}")
     for name in ("default_timeout_s", "max_wait_s", "retention_s", "read_timeout_s", "keepalive_s"):

@@ -7,7 +7,8 @@ Little's law, applied twice (no tuning constants beyond the hysteresis):
    ``S`` is measured per stage: INIT's active time (its sandbox is held, the slot wait
    is not), RUN's wall time and its queue's idle sandbox-seconds per job, and the
    recent share of EVALs that take a fresh sandbox times *those* EVALs' active time
-   (in a math/swe mix, the mean over all EVALs would count the sandbox-free ones too).
+   (in a math/swe mix, the mean over all EVALs would count the sandbox-free ones too);
+   likewise for RUN's own starts (sandboxes started on first use take their slot there).
 2. A stage whose jobs take ``W_s`` active seconds (measured; waits for a sandbox slot
    or a backend excluded: more workers do not shorten those) needs ``X_s * W_s``
    workers to carry ``X_s`` jobs per second; one worker is added for variance. When
@@ -136,10 +137,12 @@ class Autoscaler:
         init_n, run_n = (max(st[s].service.count, 1) for s in ("init", "run"))
         holds_init = min(taken.get("init", 0) / init_n, 1.0)
         queue_idle = st["run"].idle_sandbox_seconds / run_n
-        # EVAL: the recent share of EVALs that took a sandbox times *their* active time.
-        holds_eval = st["eval"].sandboxed.value or 0.0
-        a_eval_sandboxed = st["eval"].sandboxed_active.value or 0.0
-        return holds_init * (a_init + w_run + queue_idle) + holds_eval * a_eval_sandboxed
+        held = holds_init * (a_init + w_run + queue_idle)
+        # RUN and EVAL: the recent share of the stage's jobs that took a sandbox in it (in
+        # RUN: sandboxes started on first use) times *their* active time.
+        for stage in ("run", "eval"):
+            held += (st[stage].sandboxed.value or 0.0) * (st[stage].sandboxed_active.value or 0.0)
+        return held
 
     def max_throughput(self) -> float | None:
         """``X_max`` in jobs/s: ``None`` until every stage was measured, ``inf`` when the

@@ -125,6 +125,10 @@ class SandboxBudget:
     def waiting(self) -> int:
         return sum(len(line) for line in self._waiters.values())
 
+    def waiting_at(self, stage: str) -> int:
+        """Takers for ``stage`` waiting for a slot now."""
+        return sum(1 for fut in self._waiters[_rank(stage)] if not fut.done())
+
     def _ahead(self, rank: int) -> bool:
         """Whether someone of ``rank`` or higher waits for a slot."""
         return any(line for r, line in self._waiters.items() if r >= rank)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from prorl_async.llm.agent_loop import FINISH_TOOL_SPEC, ToolBox, Trajectory, run_agent_loop
 from prorl_async.llm.toolcalls import ToolCallError
-from prorl_async.sandbox import Sandbox, SandboxSpec
+from prorl_async.sandbox import LazySandbox, SandboxHandle, SandboxSpec
 from prorl_async.toolserver.client import ToolServerError
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ MODEL_TOOLS = frozenset(TOOL_SPECS)
 class SandboxTools:
     """The model-facing tools of one sandbox (plus ``finish``, handled by the loop)."""
 
-    def __init__(self, sandbox: Sandbox, names: list[str], job: Job | None = None) -> None:
+    def __init__(self, sandbox: SandboxHandle, names: list[str], job: Job | None = None) -> None:
         unknown = [n for n in names if n not in MODEL_TOOLS]
         if unknown:
             raise ValueError(f"tools: unknown tool(s) {unknown}; choose from {sorted(MODEL_TOOLS)}")
@@ -99,13 +99,20 @@ class SandboxTools:
         return result.output
 
 
-async def start_sandbox(job: Job, spec: SandboxSpec) -> Sandbox:
-    """Start a sandbox the job holds: it is closed after RUN, on failure, cancel or timeout."""
+async def start_sandbox(job: Job, spec: SandboxSpec) -> SandboxHandle:
+    """Start a sandbox the job holds: it is closed after RUN, on failure, cancel or timeout.
+
+    With the server's ``sandbox_start = "on_first_use"`` the spec is checked now and a
+    ``LazySandbox`` returned at once: the sandbox starts when first used, under the job's
+    scope then (a rollout that uses no tool never starts one).
+    """
     runtime = job.shared.runtime
     if runtime is None:
         raise RuntimeError("no sandbox runtime is configured on this server")
-    sandbox: Sandbox = await job.hold(await runtime.start(spec, job.scope))
-    return sandbox
+    if job.shared.config.sandbox_start == "on_first_use":
+        lazy = LazySandbox(runtime, spec, lambda: job.scope)
+        return await job.hold(lazy, live=lambda: lazy.started and not lazy.closed)
+    return await job.hold(await runtime.start(spec, job.scope))
 
 
 async def run_agent(

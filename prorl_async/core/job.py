@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -20,6 +21,10 @@ if TYPE_CHECKING:
 __all__ = ["EVAL", "INIT", "RUN", "TERMINAL", "Job", "Stage", "TaskHandler", "TrajectoryLike"]
 
 T = TypeVar("T")
+
+
+def _always() -> bool:
+    return True
 
 
 TERMINAL = frozenset({"done", "failed", "cancelled", "timed_out"})
@@ -91,6 +96,7 @@ class Job:
         "_queued_since",
         "queue_stage",
         "_resources",
+        "_live",
         "_waiters",
     )
 
@@ -147,6 +153,8 @@ class Job:
         self._queued_since: float | None = time.monotonic()
         self.queue_stage: Stage | None = None
         self._resources: AsyncExitStack | None = None
+        # For each thing held: whether it runs anything now (see ``hold``).
+        self._live: list[Callable[[], bool]] | None = None
         self._waiters: list[asyncio.Event] | None = None
 
     @property
@@ -155,23 +163,40 @@ class Job:
 
     # -- resources -------------------------------------------------------------------------
 
-    async def hold(self, cm: AbstractAsyncContextManager[T]) -> T:
+    async def hold(
+        self, cm: AbstractAsyncContextManager[T], *, live: Callable[[], bool] | None = None
+    ) -> T:
         """Enter ``cm`` (a sandbox, a kernel...) and keep it until the job releases it.
 
         Whatever a job holds is released right after RUN (before EVAL), after a
-        failed stage, and on cancel or timeout.
+        failed stage, and on cancel or timeout. ``live`` says whether ``cm`` runs
+        anything now (default: it does once held); a sandbox started on first use passes
+        its own, so that the job's waits count as idle sandbox time only once it runs.
         """
         if self._resources is None:
             self._resources = AsyncExitStack()
-        return await self._resources.enter_async_context(cm)
+        entered = await self._resources.enter_async_context(cm)
+        if self._live is None:
+            self._live = []
+        self._live.append(_always if live is None else live)
+        return entered
 
     @property
     def holds_resources(self) -> bool:
+        """Whether the job holds anything (to release after RUN or on failure)."""
         return self._resources is not None
+
+    @property
+    def holds_live(self) -> bool:
+        """Whether something the job holds runs now: its waits are idle sandbox-seconds
+        (a sandbox started on first use does not before that use)."""
+        live = self._live
+        return live is not None and any(is_live() for is_live in live)
 
     async def release(self) -> None:
         """Close everything the job holds, last acquired first. Idempotent."""
         stack, self._resources = self._resources, None
+        self._live = None
         if stack is not None:
             await stack.aclose()
 

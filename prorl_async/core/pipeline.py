@@ -17,7 +17,7 @@ import enum
 import functools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from prorl_async.core.job import INIT, RUN, Job, Stage
@@ -115,6 +115,10 @@ class Pipeline:
             stats=self.stats,
             enabled=jit_init,
         )
+        # RUN jobs waiting for a sandbox-budget slot now (the service sets it from the
+        # budget), and the jobs in RUN's queue holding a running sandbox: ``rescue_run``.
+        self.slot_waiting: Callable[[], int] = lambda: 0
+        self._holding: set[Job] = set()
         self._started = False
 
     def _pool(self, stage: Stage, size: int) -> WorkerPool[Job]:
@@ -226,6 +230,9 @@ class Pipeline:
         self.queues[stage].put_nowait(job)
         self.stats[stage._value_].arrivals.add()
         self.changed.fire_soon()
+        if stage is RUN and job.holds_live:
+            self._holding.add(job)
+            self.rescue_run()
 
     def _dequeue(self, job: Job) -> bool:
         stage = job.queue_stage
@@ -233,9 +240,11 @@ class Pipeline:
             return False
         job.queue_stage = None
         self.queued[stage] -= 1
+        if self._holding:
+            self._holding.discard(job)
         waited = job.queued_s
         job.leave_queue()
-        if job.holds_resources:  # a sandbox alive and waiting: idle sandbox-seconds
+        if job.holds_live:  # a sandbox alive and waiting: idle sandbox-seconds
             self.stats[stage._value_].idle_sandbox_seconds += job.queued_s - waited
         self.changed.fire_soon()
         return True
@@ -249,9 +258,12 @@ class Pipeline:
         if stage is INIT and not self.jit.open():
             # The job stays queued (timer paused) until RUN will take it soon.
             await self.jit.wait(lambda: job.cancel_requested)
-        if not self._dequeue(job) or job.cancel_requested:
-            return  # cancelled while it waited in the queue (the cancel finishes it)
+        if job.queue_stage is not stage or not self._dequeue(job) or job.cancel_requested:
+            return  # cancelled while queued (the cancel finishes it), or rescued from RUN's
         run = self._begin(stage, job, worker)
+        # A sandbox running as the stage begins idles through the stage's waits (one
+        # started on first use in the stage was not there for the waits before it).
+        idles = job.holds_live
         outcome: tuple[Outcome, BaseException | None] | None = None
         keep = False  # a successful INIT keeps what the job holds for RUN
         try:
@@ -268,7 +280,7 @@ class Pipeline:
                 self._notify(job, run.name, exc)
                 result = _FAILED, exc
             finally:
-                self._account(job, stage, run)
+                self._account(job, stage, run, idles)
                 if not keep and job.holds_resources:  # after RUN, and on any failure
                     await self._release(job)
             outcome = result
@@ -285,6 +297,21 @@ class Pipeline:
             self._end(stage, job)
         self._advance(job, stage, outcome)
 
+    def rescue_run(self) -> None:
+        """While RUN jobs wait for a sandbox slot, the jobs in RUN's queue that hold a
+        running sandbox start RUN at once, each on a task of its own: they may hold every
+        slot, the waiters (sandboxes started on first use) every RUN worker, and nothing
+        else would end that wait. At most one such extra RUN job per slot."""
+        if self._holding and self.slot_waiting():
+            holding, self._holding = self._holding, set()
+            for job in holding:
+                self._spawn(self._rescued(job))
+
+    async def _rescued(self, job: Job) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        await self._work(RUN, job, task)  # its entry in RUN's queue is skipped later
+
     def _begin(self, stage: Stage, job: Job, worker: asyncio.Task[Any]) -> StageRun:
         """The job enters ``stage`` in ``worker``: counted active, its scope set."""
         job.status = stage._value_
@@ -295,14 +322,15 @@ class Pipeline:
         job.scope = run.scope
         return run
 
-    def _account(self, job: Job, stage: Stage, run: StageRun) -> None:
-        """The stage's times, into the stage's statistics, the job's and the metrics."""
+    def _account(self, job: Job, stage: Stage, run: StageRun, idles: bool) -> None:
+        """The stage's times, into the stage's statistics, the job's and the metrics
+        (``idles``: a sandbox of the job ran through the stage)."""
         run.leave(job)
         job.scope = None
         wall, active = run.wall, run.active
         job.stage_active[stage] = job.stage_active.get(stage, 0.0) + active
         job.stage_wall[stage] = job.stage_wall.get(stage, 0.0) + wall
-        if stage is not INIT and job.holds_resources:
+        if stage is not INIT and idles:
             # Waiting (timer paused, e.g. for a backend) holding a sandbox: idle too.
             run.stats.idle_sandbox_seconds += max(wall - active, 0.0)
         if self.observer is not None:

@@ -105,6 +105,12 @@ class Runtime(abc.ABC):
                 "(the operator enables them with [sandbox] allow_network = true)"
             )
 
+    def check(self, spec: SandboxSpec) -> None:
+        """Everything ``start`` checks before it waits or launches: the spec is valid
+        and this runtime can honour it (``SpecError`` naming the field)."""
+        spec.validate()
+        self.check_spec(spec)
+
     @property
     def drops_root(self) -> bool:
         """Whether sandboxed processes run as ``sandbox_uid`` (a server running as root)."""
@@ -190,8 +196,7 @@ class Runtime(abc.ABC):
         idle warm one first.
         """
         spec = spec if spec is not None else SandboxSpec()
-        spec.validate()
-        self.check_spec(spec)
+        self.check(spec)
         warm = self.warm.take(spec) if self.warm is not None else None
         if warm is not None:
             return warm

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -111,7 +112,7 @@ class RolloutService:
         self.capacity = CapacityView(self.pipeline, lambda: self.shared.runtime, self.autoscaler)
         self.metrics.registry.register(self.capacity)
         self._sweeper: asyncio.Task[None] | None = None
-        self._admission_set = False
+        self._budget_wired = False
 
     def _budget(self) -> SandboxBudget | None:
         runtime = self.shared.runtime
@@ -147,12 +148,16 @@ class RolloutService:
     def start(self) -> None:
         self.open()
         budget = self._budget()
-        if budget is not None and self.config.jit_init and not self._admission_set:
-            # Just-in-time INIT also at the moment an INIT job would take a sandbox slot;
-            # a pipeline change may open INIT's admission, so it re-offers free slots.
-            budget.admit_when("init", self.pipeline.jit.slot_open)
-            self.pipeline.changed.on_fire(budget.wake)
-            self._admission_set = True
+        if budget is not None and not self._budget_wired:
+            if self.config.jit_init:
+                # Just-in-time INIT also at the moment an INIT job would take a sandbox slot;
+                # a pipeline change may open INIT's admission, so it re-offers free slots.
+                budget.admit_when("init", self.pipeline.jit.slot_open)
+                self.pipeline.changed.on_fire(budget.wake)
+            # A RUN job waiting for a slot may wait for one held by a job queued for RUN.
+            self.pipeline.slot_waiting = functools.partial(budget.waiting_at, "run")
+            budget.on_demand(self.pipeline.rescue_run)
+            self._budget_wired = True
         if self.shared.pool is not None:
             self.pipeline.jit.backend_capacity = self.shared.pool.capacity
         self.pipeline.start()

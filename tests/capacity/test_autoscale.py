@@ -187,6 +187,24 @@ def test_a_shift_to_sandboxed_evals_shows_within_tens_of_jobs() -> None:
     assert after is not None and after - 1.1 >= 0.8 * 3.0, after
 
 
+def test_sandboxes_started_on_first_use_count_in_run() -> None:
+    # sandbox_start = on_first_use: INIT takes no slot; half the RUNs start a sandbox at
+    # their first tool call and hold it for their 2 s, the others answer in 0.5 s and
+    # take none. S = 0.5 * 2 = 1 sandbox-second per job, not 0 (unbounded throughput).
+    pipe = _pipeline()
+    budget = SandboxBudget(20)
+    scaler = Autoscaler(pipe, lambda: budget, AutoscaleConfig())
+    pipe.stats["init"].finished(0.01, 0.01)
+    for i in range(200):
+        pipe.stats["run"].finished(*((2.0, 2.0, 1) if i % 2 else (0.5, 0.5, 0)))
+    pipe.stats["eval"].finished(0.01, 0.01)
+    budget.taken_by["run"] = 100
+    per_job = scaler.sandbox_seconds_per_job()
+    assert per_job is not None and math.isclose(per_job, 1.0, rel_tol=0.1), per_job
+    x_max = scaler.max_throughput()
+    assert x_max is not None and math.isclose(x_max, 20 / per_job)
+
+
 def test_jobs_getting_longer_show_before_they_finish() -> None:
     # 100 EVALs of 0.02 s finished; now 4 EVALs (swe-like) have run 2 s and go on. Sized
     # from finished jobs only, EVAL would get ceil(10 * 0.02) + 1 = 2 workers, and the

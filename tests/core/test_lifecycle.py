@@ -167,6 +167,9 @@ def test_config_precedence(tmp_path: Path) -> None:
     assert cfg.port == 9100  # flag beats file
     assert cfg.host == "127.0.0.1"  # default
     assert cfg.token == "t"
+    assert cfg.sandbox_start == "eager"  # default: sandboxes start in INIT, as always
+    env = {"PRORL_SANDBOX_START": "on_first_use"}
+    assert load_config(env=env).sandbox_start == "on_first_use"
 
 
 @pytest.mark.parametrize(
@@ -176,6 +179,8 @@ def test_config_precedence(tmp_path: Path) -> None:
         ("bogus_key = 1\n", {}, "bogus_key"),
         ("", {"PRORL_EVAL_WORKERS": "x"}, "eval_workers"),
         ("not toml [", {}, "c.toml"),
+        ("sandbox_start = 'lazy'\n", {}, "sandbox_start must be eager or on_first_use"),
+        ("", {"PRORL_SANDBOX_START": "later"}, "sandbox_start"),
     ],
 )
 def test_config_errors_name_the_field(

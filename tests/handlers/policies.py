@@ -82,6 +82,26 @@ class KillToolServer:
         return tool_call("python", {"code": code})
 
 
+@dataclass
+class BoxedAnswer:
+    """Answers at once, in text (``\\boxed{answer}``), with no tool call."""
+
+    answer: str
+
+    def reply(self, conversation: str) -> str:
+        return f"That is \\boxed{{{self.answer}}}."
+
+
+@dataclass
+class PythonSleeper:
+    """Calls the ``python`` tool with code that sleeps ``seconds`` (a tool call to cancel)."""
+
+    seconds: float = 60.0
+
+    def reply(self, conversation: str) -> str:
+        return tool_call("python", {"code": f"import time; time.sleep({self.seconds})"})
+
+
 Finish = Literal["fenced", "text", "file"]
 
 

@@ -37,7 +37,10 @@ def _sandbox_job(**instance: Any) -> dict[str, Any]:
     return {"task": "sandbox", "instance": {**base, **instance}}
 
 
-async def test_sandbox_task_rewards_a_correct_episode(make_server: ServerFactory) -> None:
+@pytest.mark.parametrize("start", ["eager", "on_first_use"])
+async def test_sandbox_task_rewards_a_correct_episode(
+    make_server: ServerFactory, start: str
+) -> None:
     policy = Script(
         [
             ("bash", {"command": "cat seed.txt; export X=42"}),
@@ -48,7 +51,7 @@ async def test_sandbox_task_rewards_a_correct_episode(make_server: ServerFactory
             ("bash", {"command": "echo $X; cat greeting.txt"}),
         ]
     )
-    async with serve(make_server, policy) as srv:
+    async with serve(make_server, policy, sandbox_start=start) as srv:
         job = _sandbox_job(
             files={"seed.txt": "seed-content"}, reward_command="grep -qx hello greeting.txt"
         )

@@ -113,12 +113,15 @@ async def no_sandboxes(srv: Server) -> None:
     assert srv.service.shared.runtime is None or srv.service.shared.runtime.live == 0
 
 
-@pytest.mark.parametrize("form", ["files", "archive"])
-async def test_correct_fix_scores_one(make_server: ServerFactory, form: str) -> None:
+@pytest.mark.parametrize(
+    ("form", "start"), [("files", "eager"), ("archive", "eager"), ("files", "on_first_use")]
+)
+async def test_correct_fix_scores_one(make_server: ServerFactory, form: str, start: str) -> None:
+    # on_first_use: INIT's checkout uploads through sandbox.client, which starts it there.
     require(bwrap_ok(), "bwrap sandboxes unavailable")
     policy = FixPolicy(GOOD)
     inst = instance() if form == "files" else instance(repo=None, repo_archive=archive(REPO))
-    async with make_server(runtime="bwrap") as srv:
+    async with make_server(runtime="bwrap", sandbox_start=start) as srv:
         doc = await rollout(srv, policy, inst)
         await no_sandboxes(srv)
     assert doc["status"] == "done", doc["error"]
