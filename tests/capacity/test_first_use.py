@@ -15,7 +15,7 @@ import pytest
 
 from prorl_async import AgentHandler, Job, start_sandbox
 from prorl_async.sandbox import LazySandbox, SandboxSpec
-from tests.serverutil import ServerFactory
+from tests.helpers import ServerFactory
 
 
 class InitUser(AgentHandler):
@@ -63,7 +63,7 @@ async def test_a_job_holding_the_slot_in_runs_queue_is_not_stuck_behind_its_wait
         ids += [await srv.client.submit("run_user", {}) for _ in range(2)]
         docs = [await srv.client.result(i, wait=30) for i in ids]
         assert [d and d["status"] for d in docs] == ["done"] * 3, [d and d["error"] for d in docs]
-        budget = srv.service.shared.runtime.budget
+        budget = srv.runtime.budget
         assert budget.peak == 1 and budget.taken_by == {"init": 1, "run": 2}
         assert srv.service.pipeline.active == dict.fromkeys(srv.service.pipeline.active, 0)
-        assert srv.service.shared.runtime.live == 0
+        assert srv.runtime.live == 0

@@ -15,7 +15,8 @@ import pytest
 from handlers.swe import SweHandler, parse_test_outcomes
 from prorl_async.client import UnprocessableError
 from prorl_async.core.job import Job
-from prorl_async.sandbox import RuntimeConfig, Sandbox, SandboxSpec, get_runtime
+from prorl_async.sandbox import RuntimeConfig, SandboxSpec, get_runtime
+from prorl_async.sandbox.handle import SandboxHandle
 from prorl_async.scripted_llm import ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
 from tests.conftest import require
@@ -238,7 +239,7 @@ class CrashingSwe(SweHandler):
         await super().run(job)
         self._crash(job, "run")
 
-    async def evaluate(self, sandbox: Sandbox, task: Any, patch: str) -> dict[str, Any]:
+    async def evaluate(self, sandbox: SandboxHandle, task: Any, patch: str) -> dict[str, Any]:
         report = await super().evaluate(sandbox, task, patch)
         self.eval_sandbox = sandbox
         if self.crash_in == "eval":
@@ -250,7 +251,7 @@ class CrashingSwe(SweHandler):
             raise RuntimeError(f"injected crash in {stage}")
 
     crash_in = ""
-    eval_sandbox: Sandbox | None = None
+    eval_sandbox: SandboxHandle | None = None
 
 
 @pytest.mark.parametrize("stage", ["init", "run", "eval"])

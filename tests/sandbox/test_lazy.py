@@ -29,7 +29,7 @@ from prorl_async.stages import StageScope
 from prorl_async.toolserver.client import ToolServerError
 from prorl_async.util.timer import PausableTimer
 from tests.chaos.fake_runtime import FakeRuntime, FakeSandbox, fake_config
-from tests.serverutil import eventually
+from tests.helpers import eventually
 
 
 @pytest.fixture
