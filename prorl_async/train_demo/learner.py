@@ -173,13 +173,16 @@ class LearnerSession:
         fidelity: tuple[float | None, float | None, int] | None = None
         if len(chunks) > 1:  # later minibatches run after a step: measure all first
             fidelity = self._fidelity(req.samples, req.version)
-        loss_sum, clipped, tokens, norms = 0.0, 0.0, 0, []
+        loss_sum, clipped, tokens, steps, norms = 0.0, 0.0, 0, 0, [0.0]
         for chunk in chunks:
             new = self._scored(chunk).logprobs
             if fidelity is None:  # one minibatch: its forward is the policy at `version`
                 fidelity = lm.fidelity(new, *_engine_tokens(chunk, req.version))
             terms = lm.grpo_terms(new, *_flat_terms(chunk), clip_low, clip_high)
+            if not terms.tokens:  # nothing to learn from: no step (Adam's momentum would move)
+                continue
             loss, norm = self._step(terms.loss, req.max_grad_norm)
+            steps += 1
             loss_sum += loss * terms.tokens
             clipped += terms.clip_frac * terms.tokens
             tokens += terms.tokens
@@ -194,7 +197,7 @@ class LearnerSession:
             "tokens": tokens,
             "clip_frac": clipped / max(tokens, 1),
             "grad_norm": max(norms),
-            "steps": len(chunks),
+            "steps": steps,
             "train_s": time.perf_counter() - started,
         }
 

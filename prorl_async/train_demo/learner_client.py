@@ -130,10 +130,13 @@ class Learner:
     async def _exchange(self, op: str, rid: int, line: bytes) -> dict[str, Any]:
         proc = self._proc
         assert proc is not None and proc.stdin is not None and proc.stdout is not None
+        if proc.returncode is not None or proc.stdin.is_closing():
+            raise await self._died(op)
         try:
             proc.stdin.write(line)
             await proc.stdin.drain()
-        except (BrokenPipeError, ConnectionResetError):
+        # uvloop raises RuntimeError for a pipe it has seen close
+        except (BrokenPipeError, ConnectionResetError, RuntimeError):
             raise await self._died(op) from None
         while True:
             try:
