@@ -145,6 +145,8 @@ class LearnerSession:
             raise RequestError("needs examples, steps >= 0 and batch_size >= 1")
         for k, ex in enumerate(req.examples):
             self._check_tokens(f"examples[{k}]", ex.prompt_ids, ex.target_ids)
+            if not ex.target_ids:
+                raise RequestError(f"examples[{k}]: target_ids is empty")
         self._set_lr(req.lr)
         rng, started, losses = random.Random(req.seed), time.perf_counter(), []
         for _ in range(req.steps):
@@ -161,43 +163,26 @@ class LearnerSession:
         }
 
     def grpo(self, req: Grpo) -> dict[str, Any]:
-        clip_low = req.clip if req.clip_low is None else req.clip_low
-        clip_high = req.clip if req.clip_high is None else req.clip_high
-        if not req.samples or req.minibatches < 1 or min(clip_low, clip_high) < 0:
-            raise RequestError("needs samples, minibatches >= 1 and clip ranges >= 0")
-        for k, s in enumerate(req.samples):
-            self._check_sample(k, s)
+        clip_low, clip_high = self._check_grpo(req)
         self._set_lr(req.lr)
         started = time.perf_counter()
         chunks = _split(req.samples, req.minibatches)
-        fidelity: tuple[float | None, float | None, int] | None = None
-        if len(chunks) > 1:  # later minibatches run after a step: measure all first
-            fidelity = self._fidelity(req.samples, req.version)
-        loss_sum, clipped, tokens, steps, norms = 0.0, 0.0, 0, 0, [0.0]
+        # Later minibatches run after a step: with several, measure the fidelity first.
+        fidelity = self._fidelity(req.samples, req.version) if len(chunks) > 1 else None
+        tally = _Tally()
         for chunk in chunks:
             new = self._scored(chunk).logprobs
             if fidelity is None:  # one minibatch: its forward is the policy at `version`
                 fidelity = lm.fidelity(new, *_engine_tokens(chunk, req.version))
             terms = lm.grpo_terms(new, *_flat_terms(chunk), clip_low, clip_high)
-            if not terms.tokens:  # nothing to learn from: no step (Adam's momentum would move)
-                continue
-            loss, norm = self._step(terms.loss, req.max_grad_norm)
-            steps += 1
-            loss_sum += loss * terms.tokens
-            clipped += terms.clip_frac * terms.tokens
-            tokens += terms.tokens
-            norms.append(norm)
+            if terms.tokens:  # none: no step (Adam's momentum alone would move the policy)
+                tally.add(terms, *self._step(terms.loss, req.max_grad_norm))
         assert fidelity is not None
-        mean, worst, count = fidelity
         return {
-            "loss": loss_sum / max(tokens, 1),
-            "logprob_diff_mean": mean,
-            "logprob_diff_max": worst,
-            "fidelity_tokens": count,
-            "tokens": tokens,
-            "clip_frac": clipped / max(tokens, 1),
-            "grad_norm": max(norms),
-            "steps": steps,
+            **tally.summary(),
+            "logprob_diff_mean": fidelity.mean,
+            "logprob_diff_max": fidelity.max,
+            "fidelity_tokens": fidelity.tokens,
             "train_s": time.perf_counter() - started,
         }
 
@@ -237,9 +222,7 @@ class LearnerSession:
             self.model, [s.prompt_ids for s in samples], [s.response_ids for s in samples]
         )
 
-    def _fidelity(
-        self, samples: list[GrpoSample], version: int
-    ) -> tuple[float | None, float | None, int]:
+    def _fidelity(self, samples: list[GrpoSample], version: int) -> lm.Fidelity:
         import torch
 
         with torch.no_grad():
@@ -274,6 +257,15 @@ class LearnerSession:
         if bad:
             raise RequestError(f"{where}: token ids outside 0..{config.vocab_size - 1}: {bad[:5]}")
 
+    def _check_grpo(self, req: Grpo) -> tuple[float, float]:
+        clip_low = req.clip if req.clip_low is None else req.clip_low
+        clip_high = req.clip if req.clip_high is None else req.clip_high
+        if not req.samples or req.minibatches < 1 or min(clip_low, clip_high) < 0:
+            raise RequestError("needs samples, minibatches >= 1 and clip ranges >= 0")
+        for k, s in enumerate(req.samples):
+            self._check_sample(k, s)
+        return clip_low, clip_high
+
     def _check_sample(self, k: int, s: GrpoSample) -> None:
         self._check_tokens(f"samples[{k}]", s.prompt_ids, s.response_ids)
         n = len(s.response_ids)
@@ -283,6 +275,32 @@ class LearnerSession:
                 raise RequestError(
                     f"samples[{k}].{name} has {len(value)} entries for {n} response tokens"
                 )
+
+
+class _Tally:
+    """Sums over a GRPO update's optimiser steps, token-weighted."""
+
+    def __init__(self) -> None:
+        self.loss = self.clipped = 0.0
+        self.tokens = self.steps = 0
+        self.grad_norm = 0.0
+
+    def add(self, terms: lm.GrpoTerms, loss: float, grad_norm: float) -> None:
+        self.loss += loss * terms.tokens
+        self.clipped += terms.clip_frac * terms.tokens
+        self.tokens += terms.tokens
+        self.steps += 1
+        self.grad_norm = max(self.grad_norm, grad_norm)
+
+    def summary(self) -> dict[str, Any]:
+        n = max(self.tokens, 1)
+        return {
+            "loss": self.loss / n,
+            "tokens": self.tokens,
+            "clip_frac": self.clipped / n,
+            "grad_norm": self.grad_norm,
+            "steps": self.steps,
+        }
 
 
 def _pin(cpus: list[int]) -> None:

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
+    "Fidelity",
     "GrpoTerms",
     "Scored",
     "fidelity",
@@ -139,15 +140,22 @@ def grpo_terms(
     return GrpoTerms(loss, clip_frac, tokens)
 
 
-def fidelity(
-    new: Any, engine: Sequence[float | None], chosen: Sequence[bool]
-) -> tuple[float | None, float | None, int]:
-    """(mean |new - engine|, max, count) over the ``chosen`` tokens (None when none)."""
+class Fidelity(NamedTuple):
+    """|learner - engine| logprob over the tokens checked (None when there were none)."""
+
+    mean: float | None
+    max: float | None
+    tokens: int
+
+
+def fidelity(new: Any, engine: Sequence[float | None], chosen: Sequence[bool]) -> Fidelity:
+    """The trainer/inference mismatch over the ``chosen`` tokens."""
     import torch
 
     pairs = [(i, x) for i, (x, c) in enumerate(zip(engine, chosen, strict=True)) if c]
     if not pairs:
-        return None, None, 0
+        return Fidelity(None, None, 0)
     index = torch.tensor([i for i, _ in pairs])
-    diff = (new.detach()[index].double() - torch.tensor([x for _, x in pairs])).abs()
-    return float(diff.mean()), float(diff.max()), len(pairs)
+    theirs = torch.tensor([x for _, x in pairs], dtype=torch.float64)
+    diff = (new.detach()[index].double() - theirs).abs()
+    return Fidelity(float(diff.mean()), float(diff.max()), len(pairs))

@@ -24,7 +24,8 @@ LEARNER_TIMEOUT = pytest.mark.timeout(600)
 INIT_S = 300.0
 OP_S = 120.0
 
-# The bundled demo tokenizer's ids (prorl_async/assets/tokenizer).
+# The bundled demo tokenizer (6,144 ids) and its special tokens' ids.
+BUNDLED_TOKENIZER = Path(__file__).resolve().parents[2] / "prorl_async/assets/tokenizer"
 ENDOFTEXT, IM_START, IM_END = 0, 1, 2
 
 

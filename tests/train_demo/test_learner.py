@@ -13,6 +13,7 @@ import pytest
 from prorl_async.train_demo import LearnerRefused
 from prorl_async.vllm_cpu import EngineEnv
 from tests.train_demo.conftest import (
+    BUNDLED_TOKENIZER,
     IM_END,
     INIT_S,
     LEARNER_TIMEOUT,
@@ -23,7 +24,6 @@ from tests.train_demo.conftest import (
 
 pytestmark = LEARNER_TIMEOUT
 
-BUNDLED_TOKENIZER = Path(__file__).resolve().parents[2] / "prorl_async/assets/tokenizer"
 PREFIX = list(range(10, 22))  # the prompt framing every example shares
 DIGITS = range(100, 110)
 
@@ -62,6 +62,9 @@ def test_bad_requests_are_answered_and_the_learner_goes_on(
         ({"id": 8, "op": "grpo", "version": 0, "samples": [{**sample, "logprobs": [-1.0]}]},
          "samples[0].logprobs has 1 entries for 2 response tokens"),
         ({"id": 9, "op": "threads", "threads": 1, "cpus": [99]}, "cpus [99] is not"),
+        ({"id": 9, "op": "threads", "threads": 1, "cpus": [0]}, None),
+        ({"id": 9, "op": "sft", "examples": [{"prompt_ids": [1], "target_ids": []}], "steps": 1,
+          "batch_size": 1}, "examples[0]: target_ids is empty"),
         ({"id": 10, "op": "save", "dir": "/dev/null/ckpt"}, "save: FileExistsError"),
         ({"id": 11, "op": "save", "dir": str(tmp_path / "c"), "tokenizer_dir": str(tmp_path)},
          "has no ['tokenizer.json', 'tokenizer_config.json']"),
@@ -86,6 +89,7 @@ def test_bad_requests_are_answered_and_the_learner_goes_on(
         else:
             assert not answer["ok"] and error in answer["error"], (error, answer)
     assert len(answers[-2]["logprobs"][0]) == 1
+    assert [a["cpus"] for a in answers if "cpus" in a] == [[0]]
 
 
 async def test_sft_lowers_the_loss(make_learner: LearnerFactory) -> None:
@@ -154,8 +158,17 @@ async def test_grpo_follows_the_advantage(make_learner: LearnerFactory) -> None:
         # Up where the advantage is positive, down where it is negative.
         change = [sum(b) - sum(a) for a, b in zip(old, new, strict=True)]
         assert sum(change[:4]) > 0 > sum(change[4:]), change
+        # Two minibatches, two steps; the check is made before the first (at version 1).
+        again = [
+            {**s, "logprobs": lp, "versions": [1] * len(lp)}
+            for s, lp in zip(batch, new, strict=True)
+        ]
+        step = await learner.call("grpo", OP_S, samples=again, version=1, minibatches=2)
+        assert step["steps"] == 2 and step["fidelity_tokens"] == 23
+        assert step["logprob_diff_max"] < 1e-5
+        new = (await learner.call("logprobs", OP_S, samples=samples))["logprobs"]
         # Nothing but masked tokens: no step, no change.
         masked = [{**s, "response_mask": [0] * len(s["response_ids"])} for s in batch]
-        step = await learner.call("grpo", OP_S, samples=masked, version=1)
+        step = await learner.call("grpo", OP_S, samples=masked, version=3)
         assert step["tokens"] == 0 and step["steps"] == 0
         assert (await learner.call("logprobs", OP_S, samples=samples))["logprobs"] == new

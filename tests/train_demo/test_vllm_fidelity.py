@@ -13,8 +13,14 @@ from tokenizers import Tokenizer
 
 from prorl_async.vllm_cpu import EngineEnv, VllmProcess
 from tests.engines.conftest import engine_post
-from tests.train_demo.conftest import IM_END, LEARNER_TIMEOUT, OP_S, LearnerFactory, tiny_config
-from tests.train_demo.test_learner import BUNDLED_TOKENIZER
+from tests.train_demo.conftest import (
+    BUNDLED_TOKENIZER,
+    IM_END,
+    LEARNER_TIMEOUT,
+    OP_S,
+    LearnerFactory,
+    tiny_config,
+)
 
 pytestmark = LEARNER_TIMEOUT
 log = logging.getLogger(__name__)
