@@ -168,10 +168,10 @@ class LearnerSession:
         started = time.perf_counter()
         chunks = _split(req.samples, req.minibatches)
         # Later minibatches run after a step: with several, measure the fidelity first.
-        fidelity = self._fidelity(req.samples, req.version) if len(chunks) > 1 else None
+        fidelity = self._fidelity(req) if len(chunks) > 1 else None
         tally = _Tally()
         for chunk in chunks:
-            new = self._scored(chunk).logprobs
+            new = self._scored(chunk, req.temperature).logprobs
             if fidelity is None:  # one minibatch: its forward is the policy at `version`
                 fidelity = lm.fidelity(new, *_engine_tokens(chunk, req.version))
             terms = lm.grpo_terms(new, *_flat_terms(chunk), clip_low, clip_high)
@@ -189,12 +189,13 @@ class LearnerSession:
     def logprobs(self, req: Logprobs) -> dict[str, Any]:
         import torch
 
+        _check_temperature(req.temperature)
         for k, s in enumerate(req.samples):
             self._check_tokens(f"samples[{k}]", s.prompt_ids, s.response_ids)
         if not req.samples:
             return {"logprobs": []}
         with torch.no_grad():
-            scored = self._scored(req.samples)
+            scored = self._scored(req.samples, req.temperature)
         flat: list[float] = scored.logprobs.tolist()
         out, at = [], 0
         for n in scored.lengths:
@@ -217,17 +218,18 @@ class LearnerSession:
 
     # -- helpers -----------------------------------------------------------------------------
 
-    def _scored(self, samples: list[Any]) -> lm.Scored:
+    def _scored(self, samples: list[Any], temperature: float) -> lm.Scored:
+        prompts = [s.prompt_ids for s in samples]
         return lm.token_logprobs(
-            self.model, [s.prompt_ids for s in samples], [s.response_ids for s in samples]
+            self.model, prompts, [s.response_ids for s in samples], temperature
         )
 
-    def _fidelity(self, samples: list[GrpoSample], version: int) -> lm.Fidelity:
+    def _fidelity(self, req: Grpo) -> lm.Fidelity:
         import torch
 
         with torch.no_grad():
-            new = self._scored(samples).logprobs
-        return lm.fidelity(new, *_engine_tokens(samples, version))
+            new = self._scored(req.samples, req.temperature).logprobs
+        return lm.fidelity(new, *_engine_tokens(req.samples, req.version))
 
     def _step(self, loss: Any, max_grad_norm: float | None) -> tuple[float, float]:
         import torch
@@ -262,6 +264,7 @@ class LearnerSession:
         clip_high = req.clip if req.clip_high is None else req.clip_high
         if not req.samples or req.minibatches < 1 or min(clip_low, clip_high) < 0:
             raise RequestError("needs samples, minibatches >= 1 and clip ranges >= 0")
+        _check_temperature(req.temperature)
         for k, s in enumerate(req.samples):
             self._check_sample(k, s)
         return clip_low, clip_high
@@ -313,6 +316,11 @@ def _pin(cpus: list[int]) -> None:
             os.sched_setaffinity(int(tid), cpus)
         except ProcessLookupError:
             pass  # that thread has ended
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise RequestError(f"temperature must be > 0, not {temperature}")
 
 
 def _draw(rng: random.Random, examples: list[Example], size: int) -> list[Example]:

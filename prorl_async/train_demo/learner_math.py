@@ -57,8 +57,14 @@ def shared_prefix(prompts: Sequence[Tokens]) -> int:
     return n if n >= MIN_SHARED else 0
 
 
-def token_logprobs(model: Any, prompts: Sequence[Tokens], responses: Sequence[Tokens]) -> Scored:
-    """Logprob of every response token given its prompt and the response before it."""
+def token_logprobs(
+    model: Any,
+    prompts: Sequence[Tokens],
+    responses: Sequence[Tokens],
+    temperature: float = 1.0,
+) -> Scored:
+    """Logprob of every response token given its prompt and the response before it (of
+    the distribution at ``temperature``)."""
     import torch
 
     shared = shared_prefix(prompts)
@@ -74,7 +80,7 @@ def token_logprobs(model: Any, prompts: Sequence[Tokens], responses: Sequence[To
         return Scored(torch.zeros(0), lengths)
     hidden = _hidden(model, _inputs(prompts, responses, shared), prompts[0][:shared])
     logits = model.lm_head(hidden[torch.tensor(rows), torch.tensor(cols)])
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
     return Scored(logprobs.gather(1, targets[:, None])[:, 0], lengths)
 
 

@@ -99,6 +99,8 @@ class Grpo(_Request, tag="grpo"):
     lr: float | None = None
     minibatches: int = 1
     max_grad_norm: float | None = None
+    # Logits divided by this first; see Logprobs.temperature.
+    temperature: float = 1.0
 
 
 class Completion(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -110,6 +112,9 @@ class Logprobs(_Request, tag="logprobs"):
     """The current policy's logprob of every response token (no gradient)."""
 
     samples: list[Completion]
+    # 1 matches vLLM's default raw logprobs (the model's own distribution, whatever the
+    # sampling temperature); T matches `--logprobs-mode processed_logprobs` at temperature T.
+    temperature: float = 1.0
 
 
 class Save(_Request, tag="save"):

@@ -68,6 +68,7 @@ def test_bad_requests_are_answered_and_the_learner_goes_on(
         ({"id": 10, "op": "save", "dir": "/dev/null/ckpt"}, "save: FileExistsError"),
         ({"id": 11, "op": "save", "dir": str(tmp_path / "c"), "tokenizer_dir": str(tmp_path)},
          "has no ['tokenizer.json', 'tokenizer_config.json']"),
+        ({"id": 11, "op": "logprobs", "samples": [], "temperature": 0}, "temperature must be > 0"),
         ({"id": 12, "op": "logprobs", "samples": [{"prompt_ids": [1], "response_ids": [7]}]},
          None),
         ({"id": 13, "op": "exit"}, None),
