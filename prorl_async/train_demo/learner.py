@@ -56,6 +56,13 @@ _request = msgspec.json.Decoder(Request)
 _encode = msgspec.json.Encoder().encode
 
 
+TIED_WARNING = (
+    "tie_word_embeddings is true: vLLM CPU 0.32's in-place reload_weights keeps the lm_head's "
+    "packed weights from start-up, so after a weight load the engine's logprobs drift from "
+    "this policy's (~1e-2); untie the embeddings for a policy that is loaded in place"
+)
+
+
 class RequestError(ValueError):
     """A request that is well-formed JSON but cannot be carried out as asked."""
 
@@ -123,6 +130,8 @@ class LearnerSession:
                 model = build_model(req.config or {}, req.seed)
         except TypeError as exc:  # an unknown Qwen3Config field
             raise RequestError(f"config: {exc}") from exc
+        if model.config.tie_word_embeddings:
+            log.warning(TIED_WARNING)
         self.model = model
         self.optimizer = torch.optim.AdamW(
             model.parameters(), lr=req.lr, betas=req.betas,
