@@ -1,13 +1,18 @@
 """The learner's step times on this machine (torch on CPU, the engine venv), through its client.
 
 The demo's policy shape (Qwen3, vocab 512, hidden 128, 4 layers, 4 heads of 32, 2 KV
-heads, ``--intermediate`` 384) and its sequences: a ~44-token framing every prompt shares
-(system prompt, chat markup), ~8 tokens of problem, then the answer. Printed per thread
-count (the learner pinned to the first N cores):
+heads, ``--intermediate`` 384, untied embeddings: a tied lm_head goes stale in vLLM CPU's
+in-place loads) and its sequences: a 44-token framing every prompt shares (system prompt,
+chat markup), 8 tokens of problem, then the answer. Printed per thread count (the learner
+pinned to the first N cores):
 
-- ``sft``: ms a step at ``--batch`` (128) with ~4 target tokens (~60 tokens a sequence),
+- ``sft``: ms a step at ``--batch`` (128) with 4 target tokens (56 tokens a sequence),
   and the same step with no shared prefix (each prompt starts differently);
-- ``grpo``: s an update for 128 samples of prompt + ``--response`` (8, then 60) tokens.
+- ``grpo``: s an update for 128 samples of the 52-token prompt + 8, then 60 tokens.
+
+Measured 2026-12-04 (2 cores, idle but for this): sft 259 / 189 ms a step at 1 / 2
+threads (1013 / 568 without the shared prefix); grpo 0.28 / 0.20 s (+8 tokens) and
+1.36 / 0.86 s (+60 tokens).
 
     python -m bench.learner_speed [--threads 1 2] [--steps 10]
 """
@@ -33,7 +38,7 @@ def policy(intermediate: int) -> dict[str, Any]:
         "vocab_size": VOCAB, "hidden_size": 128, "num_hidden_layers": 4,
         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
         "intermediate_size": intermediate, "max_position_embeddings": 1024,
-        "tie_word_embeddings": True, "bos_token_id": 0, "eos_token_id": [2, 0],
+        "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": [2, 0],
     }  # fmt: skip
 
 
