@@ -4,6 +4,10 @@
   (standard library only, so the learner imports it in the engine's venv).
 - ``prompt``: the exact first prompt the ``math`` handler's agent loop sends.
 - ``vocab``: the small task tokenizer the policy is built on.
+- ``learner`` (run in the engine's venv, where torch is) keeps the policy and its
+  optimiser; ``Learner`` (``learner_client``, no torch) owns that process and talks to it
+  one JSON request a line.
+- ``run``: the training run itself (``prorl-async train-demo``).
 
 Public names are imported lazily: importing ``prorl_async.train_demo.task`` in the engine's
 venv must not pull in the server side that ``prompt`` and ``vocab`` need.
@@ -15,6 +19,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
+    "Learner": "prorl_async.train_demo.learner_client",
+    "LearnerError": "prorl_async.train_demo.learner_client",
+    "LearnerRefused": "prorl_async.train_demo.learner_client",
     "Problem": "prorl_async.train_demo.task",
     "answer_text": "prorl_async.train_demo.task",
     "held_out_problems": "prorl_async.train_demo.task",
@@ -32,6 +39,9 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "Learner",
+    "LearnerError",
+    "LearnerRefused",
     "Problem",
     "answer_text",
     "build_task_tokenizer",
@@ -49,6 +59,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from prorl_async.train_demo.learner_client import Learner, LearnerError, LearnerRefused
     from prorl_async.train_demo.prompt import (
         prompt_ids,
         prompt_messages,

@@ -118,10 +118,8 @@ class Run:
         """Train ``steps`` steps in ``mode`` from the warm start; returns its summary."""
         s = self.s
         threads, cpus = LEARNER_CORES[mode]
-        config = model_config(s, vocab.model_vocab_size(self.tokenizer_dir), self._special())
         await self._call(
             "init",
-            config=config,
             model_dir=str(self.step0),
             seed=s.seed,
             threads=threads,
@@ -305,7 +303,9 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
     logs = s.out / "logs"
     summary: dict[str, Any] = {"modes": {}}
     async with AsyncExitStack() as stack:
-        run.learner = await stack.enter_async_context(Learner(env, log_path=logs / "learner.log"))
+        run.learner = await stack.enter_async_context(
+            Learner(log_path=logs / "learner.log", env=env)
+        )
         await run.warm_start(config)
         run.engine = await stack.enter_async_context(
             engine(env, run.step0, logs / "vllm.log", ENGINE_CORES)

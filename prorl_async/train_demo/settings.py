@@ -75,7 +75,8 @@ def model_config(s: Settings, vocab_size: int, special: dict[str, int]) -> dict[
         "head_dim": s.head_dim,
         "intermediate_size": s.intermediate_size,
         "max_position_embeddings": 1024,
-        "tie_word_embeddings": True,
+        # Untied: vLLM CPU 0.32's in-place reload_weights leaves a tied lm_head stale.
+        "tie_word_embeddings": False,
         "bos_token_id": special["<|endoftext|>"],
         "eos_token_id": [special["<|im_end|>"], special["<|endoftext|>"]],
         "pad_token_id": special["<|endoftext|>"],
