@@ -128,7 +128,7 @@ class LearnerSession:
                 model = load_model(req.model_dir)
             else:
                 model = build_model(req.config or {}, req.seed)
-        except TypeError as exc:  # an unknown Qwen3Config field
+        except TypeError as exc:  # a config Qwen3Config cannot take
             raise RequestError(f"config: {exc}") from exc
         if model.config.tie_word_embeddings:
             log.warning(TIED_WARNING)

@@ -116,7 +116,7 @@ class Learner:
             raise LearnerError(f"learner {op}: the learner is not running")
         self._next_id += 1
         rid = self._next_id
-        line = _encode({"id": rid, "op": op, **fields}) + b"\n"
+        line = _encode({**fields, "id": rid, "op": op}) + b"\n"
         try:
             async with asyncio.timeout(timeout_s), self._lock:
                 reply = await self._exchange(op, rid, line)

@@ -46,6 +46,7 @@ class Init(_Request, tag="init"):
     config: dict[str, Any] | None = None
     model_dir: str | None = None
     seed: int = 0
+    # torch threads and the CPUs the process may run on (None: leave as they are).
     threads: int | None = None
     cpus: list[int] | None = None
     lr: float = 1e-3
