@@ -29,12 +29,14 @@ class RunError(RuntimeError):
 
 @asynccontextmanager
 async def engine(
-    env: EngineEnv, model_dir: Path, log_path: Path, cores: str | None
+    env: EngineEnv, model_dir: Path, log_path: Path, cores: str | None, max_model_len: int
 ) -> AsyncIterator[VllmProcess]:
     """A vLLM engine serving ``model_dir`` (``cores``: ``VLLM_CPU_OMP_THREADS_BIND``, e.g.
     ``"0"`` to keep its decoding on core 0; ``None``: unbound)."""
     environ = {"VLLM_CPU_OMP_THREADS_BIND": cores} if cores is not None else {}
-    proc = VllmProcess(env, model_dir, log_path=log_path, environ=environ)
+    proc = VllmProcess(
+        env, model_dir, log_path=log_path, environ=environ, max_model_len=max_model_len
+    )
     try:
         await asyncio.to_thread(proc.start, _ENGINE_START_S)
     except Exception as exc:

@@ -48,6 +48,8 @@ Say = Callable[[str], None]
 # overhead-bound: one core is nearly as fast as two); in async mode the learner trains on
 # core 1 beside it, in sync mode on both while the engine idles.
 ENGINE_CORES = "0"
+# The policy's window (its max_position_embeddings), the engine's and the server's.
+MAX_MODEL_LEN = 1024
 LEARNER_CORES: dict[str, tuple[int, list[int]]] = {"async": (1, [1]), "sync": (2, [0, 1])}
 
 
@@ -299,7 +301,9 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
     s.out.mkdir(parents=True, exist_ok=True)
     run.metrics_path.unlink(missing_ok=True)
     vocab.build_task_tokenizer(run.tokenizer_dir)
-    config = model_config(s, vocab.model_vocab_size(run.tokenizer_dir), run._special())
+    config = model_config(
+        s, vocab.model_vocab_size(run.tokenizer_dir), run._special(), MAX_MODEL_LEN
+    )
     logs = s.out / "logs"
     summary: dict[str, Any] = {"modes": {}}
     async with AsyncExitStack() as stack:
@@ -308,9 +312,10 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
         )
         await run.warm_start(config)
         run.engine = await stack.enter_async_context(
-            engine(env, run.step0, logs / "vllm.log", ENGINE_CORES)
+            engine(env, run.step0, logs / "vllm.log", ENGINE_CORES, MAX_MODEL_LEN)
         )
         server_args = ["--tokenizer", str(run.tokenizer_dir), "--store", "sqlite"]
+        server_args += ["--max-model-len", str(MAX_MODEL_LEN)]
         server_args += ["--sandbox-start", "on_first_use", "--log-level", "warning"]
         run.url = await stack.enter_async_context(
             server(server_args, s.out / "state", logs / "server.log")

@@ -64,8 +64,11 @@ class Settings:
             raise ValueError(f"modes: any of {MODES}, got {self.modes}")
 
 
-def model_config(s: Settings, vocab_size: int, special: dict[str, int]) -> dict[str, Any]:
-    """The ``transformers.Qwen3Config`` fields of the policy (``special``: token ids)."""
+def model_config(
+    s: Settings, vocab_size: int, special: dict[str, int], max_len: int
+) -> dict[str, Any]:
+    """The ``transformers.Qwen3Config`` fields of the policy (``special``: token ids;
+    ``max_len``: its context window)."""
     return {
         "vocab_size": vocab_size,
         "hidden_size": s.hidden_size,
@@ -74,7 +77,7 @@ def model_config(s: Settings, vocab_size: int, special: dict[str, int]) -> dict[
         "num_key_value_heads": s.kv_heads,
         "head_dim": s.head_dim,
         "intermediate_size": s.intermediate_size,
-        "max_position_embeddings": 1024,
+        "max_position_embeddings": max_len,
         # Untied: vLLM CPU 0.32's in-place reload_weights leaves a tied lm_head stale.
         "tie_word_embeddings": False,
         "bos_token_id": special["<|endoftext|>"],
