@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 import sys
+from collections.abc import Coroutine
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, TypeVar
 
+from prorl_async.train_demo.learner_client import LearnerError
 from prorl_async.train_demo.procs import RunError
 from prorl_async.train_demo.report import plot, summary_table
 from prorl_async.train_demo.run import train_demo
 from prorl_async.train_demo.settings import MODES, Mode, Settings
+from prorl_async.trainer import TrainerError
 from prorl_async.vllm_cpu import EngineEnv
 
 __all__ = ["build_parser", "main"]
+
+T = TypeVar("T")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sft-steps", type=int, default=d.sft_steps, help="warm-start steps")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between evals")
     p.add_argument("--eval-problems", type=int, default=d.eval_problems, help="held-out problems")
+    p.add_argument("--lr", type=float, default=d.lr, help=f"GRPO learning rate ({d.lr:g})")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens a rollout")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-plot", action="store_true", help="skip curve.png")
@@ -51,8 +59,23 @@ def settings(args: argparse.Namespace) -> Settings:
         eval_every=args.eval_every,
         eval_problems=args.eval_problems,
         max_tokens=args.max_tokens,
+        lr=args.lr,
         seed=args.seed,
     )
+
+
+async def _until_signalled(run: Coroutine[Any, Any, T]) -> T:
+    """``run``, cancelled on SIGTERM or SIGINT: it unwinds, ending the learner, the engine
+    and the server it started (a plain SIGTERM would leave them running)."""
+    task = asyncio.ensure_future(run)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        return await task
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def _say(line: str) -> None:
@@ -69,10 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"train-demo: {exc}")
         return 2
     try:
-        summary = asyncio.run(train_demo(s, _say))
-    except (RunError, TimeoutError) as exc:
+        summary = asyncio.run(_until_signalled(train_demo(s, _say)))
+    except (RunError, TimeoutError, LearnerError, TrainerError) as exc:
         _say(f"train-demo: {exc or 'a step did not finish within its bound'}")
         return 1
+    except asyncio.CancelledError:
+        _say("train-demo: stopped by a signal; every process it started has ended")
+        return 130
     print(summary_table(summary))  # noqa: T201 - the command's output
     if not args.no_plot:
         out = s.out

@@ -138,6 +138,7 @@ class Run:
             max_version_lag=lag,
             on_batch_full=on_full,
             run_id=f"{mode}-{s.seed}",
+            group_filter=s.group_filter,
             progress=False,
             stall_timeout_s=s.step_timeout_s,
         )

@@ -34,6 +34,8 @@ class Settings:
     sft_lr: float = 2e-3
     lr: float = 2e-4
     clip: float = 0.2
+    # Groups whose samples all scored the same teach nothing: dropped (None keeps all).
+    group_filter: str | None = "nonzero_std"
     # Held-out greedy pass@1: at the start, every ``eval_every`` steps, and at the end.
     eval_every: int = 10
     eval_problems: int = 200
