@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between evals")
     p.add_argument("--eval-problems", type=int, default=d.eval_problems, help="held-out problems")
     p.add_argument("--lr", type=float, default=d.lr, help=f"GRPO learning rate ({d.lr:g})")
+    p.add_argument("--minibatches", type=int, default=d.minibatches, help="optimiser steps a batch")
+    p.add_argument("--sft-lr", type=float, default=d.sft_lr, help="warm-start learning rate")
     p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens a rollout")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--no-plot", action="store_true", help="skip curve.png")
@@ -60,6 +62,8 @@ def settings(args: argparse.Namespace) -> Settings:
         eval_problems=args.eval_problems,
         max_tokens=args.max_tokens,
         lr=args.lr,
+        minibatches=args.minibatches,
+        sft_lr=args.sft_lr,
         seed=args.seed,
     )
 

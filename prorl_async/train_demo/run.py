@@ -180,7 +180,12 @@ class Run:
         batch = await m.next_batch()
         t1 = time.monotonic()
         stats = await self._call(
-            "grpo", samples=learner_samples(batch), version=step - 1, clip=self.s.clip, lr=self.s.lr
+            "grpo",
+            samples=learner_samples(batch),
+            version=step - 1,
+            clip=self.s.clip,
+            lr=self.s.lr,
+            minibatches=self.s.minibatches,
         )
         checkpoint = self._checkpoint(mode, step)
         await self._call("save", dir=str(checkpoint), tokenizer_dir=str(self.tokenizer_dir))
@@ -200,6 +205,7 @@ class Run:
             "logprob_diff_max": stats["logprob_diff_max"],
             "fidelity_tokens": stats["fidelity_tokens"],
             "loss": stats["loss"],
+            "groups_filtered": m.metrics()["groups"]["filtered"],
             "rollout_wait_s": round(t1 - t0, 3),
             "train_s": round(t3 - t1, 3),
             "weight_sync_s": round(t3 - t2, 3),
@@ -270,9 +276,14 @@ class Run:
         self.say(
             f"{mode} step {line['step']:>3}/{self.s.steps}  reward {line['reward_mean']:.3f}  "
             f"versions {line['weight_version_min']}-{line['weight_version_max']}  "
-            f"|dlogp| max {line['logprob_diff_max']:.1e}  "
+            f"|dlogp| max {_sci(line['logprob_diff_max'])}  "
             f"rollout {line['rollout_wait_s']:.1f} s  train {line['train_s']:.1f} s{shown}"
         )
+
+
+def _sci(value: float | None) -> str:
+    """``1.2e-06``, or ``-`` for a step with no token of the current version."""
+    return "-" if value is None else f"{value:.1e}"
 
 
 async def _rewards(client: RolloutClient, ids: list[str], timeout_s: float) -> list[float]:

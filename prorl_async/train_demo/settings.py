@@ -34,6 +34,9 @@ class Settings:
     sft_lr: float = 2e-3
     lr: float = 2e-4
     clip: float = 0.2
+    # Optimiser steps a batch is split into (the clipped ratio keeps them near the batch's
+    # policy): more learning from each rollout, more learner time to overlap.
+    minibatches: int = 1
     # Groups whose samples all scored the same teach nothing: dropped (None keeps all).
     group_filter: str | None = "nonzero_std"
     # Held-out greedy pass@1: at the start, every ``eval_every`` steps, and at the end.
