@@ -35,11 +35,18 @@ SHARED = list(range(20, 64))  # the framing: 44 tokens
 
 def policy(intermediate: int) -> dict[str, Any]:
     return {
-        "vocab_size": VOCAB, "hidden_size": 128, "num_hidden_layers": 4,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-        "intermediate_size": intermediate, "max_position_embeddings": 1024,
-        "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": [2, 0],
-    }  # fmt: skip
+        "vocab_size": VOCAB,
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": intermediate,
+        "max_position_embeddings": 1024,
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": [2, 0],
+    }
 
 
 def prompt(rng: random.Random, shared: bool) -> list[int]:
@@ -50,10 +57,12 @@ def prompt(rng: random.Random, shared: bool) -> list[int]:
 def sft_examples(n: int, shared: bool) -> list[dict[str, Any]]:
     rng = random.Random(0)
     return [
-        {"prompt_ids": prompt(rng, shared), "target_ids": [rng.randrange(100, 200) for _ in "abc"]
-         + [2]}
+        {
+            "prompt_ids": prompt(rng, shared),
+            "target_ids": [rng.randrange(100, 200) for _ in "abc"] + [2],
+        }
         for _ in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def grpo_samples(n: int, response: int) -> list[dict[str, Any]]:
@@ -61,11 +70,15 @@ def grpo_samples(n: int, response: int) -> list[dict[str, Any]]:
     out = []
     for k in range(n):
         ids = [rng.randrange(100, VOCAB) for _ in range(response)]
-        out.append({
-            "prompt_ids": prompt(rng, True), "response_ids": ids,
-            "logprobs": [-6.0] * response, "versions": [0] * response,
-            "advantage": 1.0 if k % 2 else -1.0,
-        })  # fmt: skip
+        out.append(
+            {
+                "prompt_ids": prompt(rng, True),
+                "response_ids": ids,
+                "logprobs": [-6.0] * response,
+                "versions": [0] * response,
+                "advantage": 1.0 if k % 2 else -1.0,
+            }
+        )
     return out
 
 

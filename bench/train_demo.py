@@ -57,6 +57,10 @@ def verdict(f: dict[str, float]) -> list[str]:
     ]
 
 
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=1)
@@ -66,7 +70,7 @@ async def main() -> None:
     for run in range(1, args.runs + 1):
         s = replace(Settings(), out=args.out / f"run-{run}", steps=args.steps)
         t0 = time.monotonic()
-        summary = await train_demo(s, lambda line: sys.stderr.write(line + "\n"))
+        summary = await train_demo(s, _say)
         print(f"\nrun {run}: {time.monotonic() - t0:.0f} s in all ({s.out})")
         print(summary_table(summary))
         for line in verdict(figures(summary)):

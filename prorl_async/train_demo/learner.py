@@ -134,9 +134,12 @@ class LearnerSession:
             log.warning(TIED_WARNING)
         self.model = model
         self.optimizer = torch.optim.AdamW(
-            model.parameters(), lr=req.lr, betas=req.betas,
-            weight_decay=req.weight_decay, eps=req.eps,
-        )  # fmt: skip
+            model.parameters(),
+            lr=req.lr,
+            betas=req.betas,
+            weight_decay=req.weight_decay,
+            eps=req.eps,
+        )
         return {"params": sum(p.numel() for p in model.parameters())}
 
     def threads(self, req: Threads) -> dict[str, Any]:

@@ -55,30 +55,49 @@ def test_bad_requests_are_answered_and_the_learner_goes_on(
         ({**init, "id": 3, "lr": "fast"}, "Expected `float`, got `str` - at `$.lr`"),
         ({**init, "id": 4, "bogus": 1}, "unknown field `bogus`"),
         (init, None),
-        ({"id": 6, "op": "sft", "examples": [{"prompt_ids": [1]}], "steps": 1, "batch_size": 1},
-         "missing required field `target_ids`"),
-        ({"id": 7, "op": "logprobs", "samples": [{"prompt_ids": [1], "response_ids": [512]}]},
-         "samples[0]: token ids outside 0..511: [512]"),
-        ({"id": 8, "op": "grpo", "version": 0, "samples": [{**sample, "logprobs": [-1.0]}]},
-         "samples[0].logprobs has 1 entries for 2 response tokens"),
+        (
+            {"id": 6, "op": "sft", "examples": [{"prompt_ids": [1]}], "steps": 1, "batch_size": 1},
+            "missing required field `target_ids`",
+        ),
+        (
+            {"id": 7, "op": "logprobs", "samples": [{"prompt_ids": [1], "response_ids": [512]}]},
+            "samples[0]: token ids outside 0..511: [512]",
+        ),
+        (
+            {"id": 8, "op": "grpo", "version": 0, "samples": [{**sample, "logprobs": [-1.0]}]},
+            "samples[0].logprobs has 1 entries for 2 response tokens",
+        ),
         ({"id": 9, "op": "threads", "threads": 1, "cpus": [99]}, "cpus [99] is not"),
         ({"id": 9, "op": "threads", "threads": 1, "cpus": [0]}, None),
-        ({"id": 9, "op": "sft", "examples": [{"prompt_ids": [1], "target_ids": []}], "steps": 1,
-          "batch_size": 1}, "examples[0]: target_ids is empty"),
+        (
+            {
+                "id": 9,
+                "op": "sft",
+                "examples": [{"prompt_ids": [1], "target_ids": []}],
+                "steps": 1,
+                "batch_size": 1,
+            },
+            "examples[0]: target_ids is empty",
+        ),
         ({"id": 10, "op": "save", "dir": "/dev/null/ckpt"}, "save: FileExistsError"),
-        ({"id": 11, "op": "save", "dir": str(tmp_path / "c"), "tokenizer_dir": str(tmp_path)},
-         "has no ['tokenizer.json', 'tokenizer_config.json']"),
+        (
+            {"id": 11, "op": "save", "dir": str(tmp_path / "c"), "tokenizer_dir": str(tmp_path)},
+            "has no ['tokenizer.json', 'tokenizer_config.json']",
+        ),
         ({"id": 11, "op": "logprobs", "samples": [], "temperature": 0}, "temperature must be > 0"),
-        ({"id": 12, "op": "logprobs", "samples": [{"prompt_ids": [1], "response_ids": [7]}]},
-         None),
+        ({"id": 12, "op": "logprobs", "samples": [{"prompt_ids": [1], "response_ids": [7]}]}, None),
         ({"id": 13, "op": "exit"}, None),
-    ]  # fmt: skip
+    ]
     lines = [r if isinstance(r, str) else json.dumps(r) for r, _ in requests]
     proc = subprocess.run(
         [str(engine_env.python), "-m", "prorl_async.train_demo.learner"],
-        input="\n".join(lines) + "\n", capture_output=True, text=True,
-        env=engine_env.process_env(), timeout=INIT_S, check=False,
-    )  # fmt: skip
+        input="\n".join(lines) + "\n",
+        capture_output=True,
+        text=True,
+        env=engine_env.process_env(),
+        timeout=INIT_S,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(answers) == len(requests), proc.stdout

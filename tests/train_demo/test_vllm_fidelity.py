@@ -35,9 +35,14 @@ log = logging.getLogger(__name__)
 
 # The bundled tokenizer's 6,144 ids (a multiple of 64); the shape the demo's policy has.
 POLICY = tiny_config(
-    vocab_size=6144, hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
-    num_key_value_heads=2, intermediate_size=384, tie_word_embeddings=False,
-)  # fmt: skip
+    vocab_size=6144,
+    hidden_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    intermediate_size=384,
+    tie_word_embeddings=False,
+)
 FIDELITY = 1e-3
 
 
@@ -60,10 +65,16 @@ async def sample(engine: VllmProcess, prompt: list[int], seed: int) -> dict[str,
     """One seeded completion at temperature 1 with the engine's logprob of each token (past
     the answer too: tokens the policy finds unlikely are part of the check)."""
     body = {
-        "model": engine.served_name, "prompt": prompt, "max_tokens": 12, "ignore_eos": True,
-        "temperature": 1.0, "seed": seed, "logprobs": 0, "return_token_ids": True,
+        "model": engine.served_name,
+        "prompt": prompt,
+        "max_tokens": 12,
+        "ignore_eos": True,
+        "temperature": 1.0,
+        "seed": seed,
+        "logprobs": 0,
+        "return_token_ids": True,
         "return_tokens_as_token_ids": True,
-    }  # fmt: skip
+    }
     choice = (await engine_post(engine, "/v1/completions", body))["choices"][0]
     ids, logprobs = choice["token_ids"], choice["logprobs"]
     assert logprobs["tokens"] == [f"token_id:{t}" for t in ids]
@@ -115,8 +126,12 @@ async def check_fidelity(learner: Any, samples: list[dict[str, Any]]) -> None:
     engine = [x for s in samples for x in s["logprobs"]]
     log.info(
         "fidelity: %d tokens, mean %.2e, max %.2e; engine logprobs %.2f..%.2f",
-        len(diffs), sum(diffs) / len(diffs), max(diffs), min(engine), max(engine),
-    )  # fmt: skip
+        len(diffs),
+        sum(diffs) / len(diffs),
+        max(diffs),
+        min(engine),
+        max(engine),
+    )
     assert max(diffs) <= FIDELITY, diffs
     assert min(engine) < -5.0 and max(engine) > -0.5, "a policy too uniform to test anything"
 
