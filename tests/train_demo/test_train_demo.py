@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from prorl_async.train_demo.report import plot
 from prorl_async.train_demo.run import Run, train_demo
 from prorl_async.train_demo.settings import Settings
 from prorl_async.vllm_cpu import EngineEnv
@@ -104,6 +105,11 @@ async def test_a_short_run_trains_through_the_service_in_both_modes(
         assert figures["rollout_s"] > 0 and figures["train_s"] > 0
     assert json.loads((out / "summary.json").read_text()) == summary
     assert any("step   2/2" in line for line in said)
+    curve = out / "curve.png"
+    await asyncio.to_thread(
+        plot, engine_env, out / "metrics.jsonl", out / "summary.json", curve, out / "plot.log"
+    )
+    assert curve.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 async def test_a_dead_engine_ends_the_run_with_an_error_and_nothing_left(
