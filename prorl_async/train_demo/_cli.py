@@ -31,20 +31,64 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a tiny Qwen3 by GRPO on CPU: rollouts of the math handler through "
         "a real server and a real vLLM, weights loaded in place after every step.",
     )
-    p.add_argument("--mode", choices=("async", "sync", "both"), default="both")
-    p.add_argument("--out", type=Path, default=d.out, help=f"output directory (default {d.out})")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"optimiser steps a mode ({d.steps})")
-    p.add_argument("--prompts", type=int, default=d.prompts_per_step, help="prompts a step")
-    p.add_argument("--group-size", type=int, default=d.group_size, help="samples a prompt")
-    p.add_argument("--sft-steps", type=int, default=d.sft_steps, help="warm-start steps")
-    p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between evals")
-    p.add_argument("--eval-problems", type=int, default=d.eval_problems, help="held-out problems")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"GRPO learning rate ({d.lr:g})")
-    p.add_argument("--minibatches", type=int, default=d.minibatches, help="optimiser steps a batch")
-    p.add_argument("--sft-lr", type=float, default=d.sft_lr, help="warm-start learning rate")
-    p.add_argument("--max-tokens", type=int, default=d.max_tokens, help="tokens a rollout")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--no-plot", action="store_true", help="skip curve.png")
+    add = p.add_argument
+    add(
+        "--mode",
+        choices=("async", "sync", "both"),
+        default="both",
+        help="async: the engine generates while the learner trains (lag 1); sync: batch by "
+        "batch (lag 0); both: async then sync from the same warm start (default both)",
+    )
+    add("--out", type=Path, default=d.out, help=f"output directory (default {d.out})")
+    add("--steps", type=int, default=d.steps, help=f"optimiser steps a mode (default {d.steps})")
+    add(
+        "--prompts",
+        type=int,
+        default=d.prompts_per_step,
+        help=f"prompts (groups) a step (default {d.prompts_per_step})",
+    )
+    add(
+        "--group-size",
+        type=int,
+        default=d.group_size,
+        help=f"samples a prompt (default {d.group_size})",
+    )
+    add(
+        "--sft-steps",
+        type=int,
+        default=d.sft_steps,
+        help=f"supervised warm-start steps (default {d.sft_steps})",
+    )
+    add(
+        "--sft-lr", type=float, default=d.sft_lr, help=f"their learning rate (default {d.sft_lr:g})"
+    )
+    add("--lr", type=float, default=d.lr, help=f"GRPO learning rate (default {d.lr:g})")
+    add(
+        "--minibatches",
+        type=int,
+        default=d.minibatches,
+        help=f"optimiser steps a batch is split into (default {d.minibatches})",
+    )
+    add(
+        "--eval-every",
+        type=int,
+        default=d.eval_every,
+        help=f"steps between held-out evaluations (default {d.eval_every})",
+    )
+    add(
+        "--eval-problems",
+        type=int,
+        default=d.eval_problems,
+        help=f"held-out problems evaluated, greedy (default {d.eval_problems})",
+    )
+    add(
+        "--max-tokens",
+        type=int,
+        default=d.max_tokens,
+        help=f"tokens a rollout may generate (default {d.max_tokens})",
+    )
+    add("--seed", type=int, default=d.seed, help=f"seed of everything (default {d.seed})")
+    add("--no-plot", action="store_true", help="skip curve.png (default: draw it)")
     return p
 
 

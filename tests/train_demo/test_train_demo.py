@@ -95,10 +95,16 @@ async def test_a_short_run_trains_through_the_service_in_both_modes(
     for x in lines:
         assert METRIC_KEYS <= set(x), METRIC_KEYS - set(x)
         assert x["trainer"] == "builtin" and x["tokens"] > 0
-        assert x["fidelity_tokens"] > 0 and x["logprob_diff_max"] <= 1e-3, x
+        # Tokens of the learner's current version are checked against the engine's
+        # logprobs; an async step may have none (all made before the last load landed).
+        if x["fidelity_tokens"]:
+            assert x["logprob_diff_max"] <= 1e-3, x
+        else:
+            assert x["mode"] == "async" and x["logprob_diff_max"] is None, x
         lag = x["step"] - x["weight_version_min"]
         assert lag == 1 if x["mode"] == "sync" else 1 <= lag <= 2, x
     assert all("eval_pass_at_1" in x for x in lines if x["step"] == 2)
+    assert any(x["fidelity_tokens"] for x in lines if x["mode"] == "async")
     for mode in ("async", "sync"):
         figures = summary["modes"][mode]
         assert figures["steps"] == 2 and 0 <= figures["final_pass_at_1"] <= 1
