@@ -24,7 +24,7 @@ class Settings:
     out: Path = Path("train-demo-out")
     modes: tuple[Mode, ...] = MODES
     steps: int = 40
-    prompts_per_step: int = 16
+    prompts_per_step: int = 48
     group_size: int = 8
     max_tokens: int = 16
     temperature: float = 1.0
@@ -33,7 +33,7 @@ class Settings:
     sft_steps: int = 600
     sft_batch: int = 128
     sft_lr: float = 2e-3
-    lr: float = 3e-4
+    lr: float = 2e-4
     clip: float = 0.2
     # Optimiser steps a batch is split into (the clipped ratio keeps them near the batch's
     # policy): more learning from each rollout, more learner time to overlap.
