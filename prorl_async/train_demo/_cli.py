@@ -8,7 +8,6 @@ import signal
 import sys
 from collections.abc import Coroutine
 from dataclasses import replace
-from pathlib import Path
 from typing import Any, TypeVar
 
 from prorl_async.train_demo.learner_client import LearnerError
@@ -24,6 +23,24 @@ __all__ = ["build_parser", "main"]
 T = TypeVar("T")
 
 
+# Flags that set a ``Settings`` field: (flag, field, what it is). Type and default come
+# from the field, so the parser and ``settings`` cannot drift apart.
+_FIELDS = (
+    ("--out", "out", "output directory"),
+    ("--steps", "steps", "optimiser steps a mode"),
+    ("--prompts", "prompts_per_step", "prompts (groups) a step"),
+    ("--group-size", "group_size", "samples a prompt"),
+    ("--sft-steps", "sft_steps", "supervised warm-start steps"),
+    ("--sft-lr", "sft_lr", "their learning rate"),
+    ("--lr", "lr", "GRPO learning rate"),
+    ("--minibatches", "minibatches", "optimiser steps a batch is split into"),
+    ("--eval-every", "eval_every", "steps between held-out evaluations"),
+    ("--eval-problems", "eval_problems", "held-out problems evaluated, greedy"),
+    ("--max-tokens", "max_tokens", "tokens a rollout may generate"),
+    ("--seed", "seed", "seed of everything"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = Settings()
     p = argparse.ArgumentParser(
@@ -31,85 +48,25 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a tiny Qwen3 by GRPO on CPU: rollouts of the math handler through "
         "a real server and a real vLLM, weights loaded in place after every step.",
     )
-    add = p.add_argument
-    add(
+    p.add_argument(
         "--mode",
         choices=("async", "sync", "both"),
         default="both",
         help="async: the engine generates while the learner trains (lag 1); sync: batch by "
         "batch (lag 0); both: async then sync from the same warm start (default both)",
     )
-    add("--out", type=Path, default=d.out, help=f"output directory (default {d.out})")
-    add("--steps", type=int, default=d.steps, help=f"optimiser steps a mode (default {d.steps})")
-    add(
-        "--prompts",
-        type=int,
-        default=d.prompts_per_step,
-        help=f"prompts (groups) a step (default {d.prompts_per_step})",
-    )
-    add(
-        "--group-size",
-        type=int,
-        default=d.group_size,
-        help=f"samples a prompt (default {d.group_size})",
-    )
-    add(
-        "--sft-steps",
-        type=int,
-        default=d.sft_steps,
-        help=f"supervised warm-start steps (default {d.sft_steps})",
-    )
-    add(
-        "--sft-lr", type=float, default=d.sft_lr, help=f"their learning rate (default {d.sft_lr:g})"
-    )
-    add("--lr", type=float, default=d.lr, help=f"GRPO learning rate (default {d.lr:g})")
-    add(
-        "--minibatches",
-        type=int,
-        default=d.minibatches,
-        help=f"optimiser steps a batch is split into (default {d.minibatches})",
-    )
-    add(
-        "--eval-every",
-        type=int,
-        default=d.eval_every,
-        help=f"steps between held-out evaluations (default {d.eval_every})",
-    )
-    add(
-        "--eval-problems",
-        type=int,
-        default=d.eval_problems,
-        help=f"held-out problems evaluated, greedy (default {d.eval_problems})",
-    )
-    add(
-        "--max-tokens",
-        type=int,
-        default=d.max_tokens,
-        help=f"tokens a rollout may generate (default {d.max_tokens})",
-    )
-    add("--seed", type=int, default=d.seed, help=f"seed of everything (default {d.seed})")
-    add("--no-plot", action="store_true", help="skip curve.png (default: draw it)")
+    for flag, name, what in _FIELDS:
+        default = getattr(d, name)
+        p.add_argument(
+            flag, dest=name, type=type(default), default=default, help=f"{what} (default {default})"
+        )
+    p.add_argument("--no-plot", action="store_true", help="skip curve.png (default: draw it)")
     return p
 
 
 def settings(args: argparse.Namespace) -> Settings:
     modes: tuple[Mode, ...] = MODES if args.mode == "both" else (args.mode,)
-    return replace(
-        Settings(),
-        out=args.out,
-        modes=modes,
-        steps=args.steps,
-        prompts_per_step=args.prompts,
-        group_size=args.group_size,
-        sft_steps=args.sft_steps,
-        eval_every=args.eval_every,
-        eval_problems=args.eval_problems,
-        max_tokens=args.max_tokens,
-        lr=args.lr,
-        minibatches=args.minibatches,
-        sft_lr=args.sft_lr,
-        seed=args.seed,
-    )
+    return replace(Settings(), modes=modes, **{name: getattr(args, name) for _, name, _ in _FIELDS})
 
 
 async def _until_signalled(run: Coroutine[Any, Any, T]) -> T:

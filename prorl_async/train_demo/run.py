@@ -17,6 +17,7 @@ unfinished groups cancelled) and gives the learner both cores.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
@@ -85,7 +86,7 @@ class Run:
             lr=s.sft_lr,
         )
         if s.sft_steps:
-            examples = self._sft_examples()
+            examples = await asyncio.to_thread(self._sft_examples)  # ~9k prompts: off the loop
             self.say(f"warm start: {s.sft_steps} supervised steps on {len(examples)} problems")
             done = await self._call(
                 "sft",
@@ -105,7 +106,7 @@ class Run:
         """Every training problem: the handler's exact prompt, then the answer and the end
         of the turn (what the engine must generate)."""
         tok = load_tokenizer(self.tokenizer_dir)
-        end = self._special()["<|im_end|>"]
+        end = self.special["<|im_end|>"]
         return [
             {
                 "prompt_ids": prompt.prompt_ids(tok, a, b),
@@ -192,7 +193,7 @@ class Run:
         t2 = time.monotonic()
         await m.set_weights(version=step, path=str(checkpoint))
         t3 = time.monotonic()
-        self._prune(mode, step)
+        await asyncio.to_thread(self._prune, mode, step)
         totals["rollout_s"] += t1 - t0
         totals["train_s"] += t3 - t1
         return {
@@ -254,7 +255,9 @@ class Run:
 
     # -- plumbing ------------------------------------------------------------------------------
 
-    def _special(self) -> dict[str, int]:
+    @functools.cached_property
+    def special(self) -> dict[str, int]:
+        """The ids of the task tokenizer's end-of-text and end-of-turn tokens."""
         tokenizer = Tokenizer.from_file(str(self.tokenizer_dir / "tokenizer.json"))
         ids: dict[str, int] = {}
         for token in ("<|endoftext|>", "<|im_end|>"):
@@ -312,10 +315,8 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
     run = Run(s, say)
     s.out.mkdir(parents=True, exist_ok=True)
     run.metrics_path.unlink(missing_ok=True)
-    vocab.build_task_tokenizer(run.tokenizer_dir)
-    config = model_config(
-        s, vocab.model_vocab_size(run.tokenizer_dir), run._special(), MAX_MODEL_LEN
-    )
+    await asyncio.to_thread(vocab.build_task_tokenizer, run.tokenizer_dir)
+    config = model_config(s, vocab.model_vocab_size(run.tokenizer_dir), run.special, MAX_MODEL_LEN)
     logs = s.out / "logs"
     summary: dict[str, Any] = {"modes": {}}
     async with AsyncExitStack() as stack:
@@ -335,6 +336,6 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
         for mode in s.modes:
             summary["modes"][mode] = await run.mode(mode)
             name = "final" if mode == s.modes[0] else f"{mode}-final"
-            run.final_checkpoint(mode, name)
+            await asyncio.to_thread(run.final_checkpoint, mode, name)
     (s.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
