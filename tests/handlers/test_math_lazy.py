@@ -162,6 +162,6 @@ async def test_one_slot_serves_four_jobs_that_all_need_it(
         assert budget.waits >= 1
         # The waits for the slot were paused time, in RUN: not counted against timeout_s.
         waited = [d["timing"]["backend_wait_s"] for d in docs]
-        assert max(waited) > 0.2, waited
-        assert all(d["timing"]["init_s"] < 0.5 for d in docs)  # INIT starts nothing
+        assert max(waited) > 0, waited  # a decision (paused), not a duration
+        assert "init" not in starts  # INIT starts nothing
         assert_nothing_live(srv)
