@@ -165,10 +165,13 @@ class Run:
             self._record(line)
             self._progress(mode, line)
         wall = time.monotonic() - start
+        # The held-out evaluations inside the steps are not training: out of the rate
+        # (the warm start's came before ``start``).
+        training = wall - (totals["eval_s"] - eval_s)
         return {
             "steps": s.steps,
             "wall_s": wall,
-            "steps_per_min": 60.0 * s.steps / max(wall - totals["eval_s"], 1e-9),
+            "steps_per_min": 60.0 * s.steps / max(training, 1e-9),
             "initial_pass_at_1": initial,
             "final_pass_at_1": final,
             **totals,
