@@ -143,9 +143,13 @@ class Run:
             progress=False,
             stall_timeout_s=s.step_timeout_s,
         )
+        async with RolloutClient(self.url) as client:
+            # The engine holds the warm start before this mode's first rollout (an earlier
+            # mode left its final weights there): nothing generates until the manager opens.
+            await client.add_llm_server(self.engine.address, weight_version=0)
+            await client.load_weights(0, str(self.step0))
         async with manager as m:
             await m.set_weights(version=0, backends=[self.engine.address])
-            await m.set_weights(version=0, path=str(self.step0))  # the warm start, in place
             return await self._steps(mode, m)
 
     async def _steps(self, mode: Mode, m: RolloutManager) -> dict[str, Any]:

@@ -20,9 +20,12 @@ from typing import Any
 
 import pytest
 
+from prorl_async.client import RolloutClient
+from prorl_async.train_demo import run as run_module
 from prorl_async.train_demo.report import plot
 from prorl_async.train_demo.run import Run, train_demo
 from prorl_async.train_demo.settings import Settings
+from prorl_async.trainer import RolloutManager
 from prorl_async.vllm_cpu import EngineEnv
 from tests.proctree import cmdline, descendants
 
@@ -55,6 +58,10 @@ def small(out: Path, **overrides: Any) -> Settings:
         "prompts_per_step": 4,
         "group_size": 4,
         "sft_steps": 30,
+        # Steps large enough that the async run's weights differ from the warm start's by
+        # far more than 1e-3 in logprob: sync's first step then shows whether the engine
+        # was given the warm start back before generating.
+        "lr": 1e-2,
         "eval_every": 2,
         "eval_problems": 8,
         "group_filter": None,
@@ -75,11 +82,25 @@ def _checkpoint_ok(path: Path) -> None:
 
 
 async def test_a_short_run_trains_through_the_service_in_both_modes(
-    engine_env: EngineEnv, tmp_path: Path
+    engine_env: EngineEnv, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "out"
     said: list[str] = []
+    opened: list[list[tuple[Any, Any]]] = []  # the engine's weights as each mode begins
+
+    class Recording(RolloutManager):
+        async def __aenter__(self) -> RolloutManager:
+            async with RolloutClient(self.urls[0]) as client:
+                backends = await client.weights()
+            opened.append([(b["weight_version"], b["weights_path"]) for b in backends])
+            return await super().__aenter__()
+
+    monkeypatch.setattr(run_module, "RolloutManager", Recording)
     summary = await train_demo(small(out), said.append)
+    # Each mode's first rollout is made by the warm start, labelled version 0: it is
+    # loaded before the manager opens (sync follows async, whose weights are loaded).
+    warm = str(out / "checkpoints" / "step-0000")
+    assert opened == [[(0, warm)], [(0, warm)]], opened
     for name in ("step-0000", "final", "sync-final"):
         _checkpoint_ok(out / "checkpoints" / name)
     # The final checkpoints are the last steps' (each loaded in place by the engine).
