@@ -37,6 +37,7 @@ LAYERS = [
     "scripted_llm",
     "vllm_cpu",
     "trainer",
+    "integrations",
     "cluster",
     "demo",
     "train_demo",

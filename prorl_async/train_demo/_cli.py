@@ -14,7 +14,7 @@ from prorl_async.train_demo.learner_client import LearnerError
 from prorl_async.train_demo.procs import RunError
 from prorl_async.train_demo.report import plot, summary_table
 from prorl_async.train_demo.run import train_demo
-from prorl_async.train_demo.settings import MODES, Mode, Settings
+from prorl_async.train_demo.settings import MODES, TRAINERS, Mode, Settings
 from prorl_async.trainer import TrainerError
 from prorl_async.vllm_cpu import EngineEnv
 
@@ -30,7 +30,8 @@ _FIELDS = (
     ("--steps", "steps", "optimiser steps a mode"),
     ("--prompts", "prompts_per_step", "prompts (groups) a step"),
     ("--group-size", "group_size", "samples a prompt"),
-    ("--sft-steps", "sft_steps", "supervised warm-start steps"),
+    ("--sft-steps", "sft_steps", "most supervised warm-start steps"),
+    ("--sft-stop-at", "sft_stop_at", "validation greedy pass rate that ends the warm start"),
     ("--sft-lr", "sft_lr", "their learning rate"),
     ("--lr", "lr", "GRPO learning rate"),
     ("--minibatches", "minibatches", "optimiser steps a batch is split into"),
@@ -51,9 +52,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--mode",
         choices=("async", "sync", "both"),
-        default="both",
+        default=None,
         help="async: the engine generates while the learner trains (lag 1); sync: batch by "
-        "batch (lag 0); both: async then sync from the same warm start (default both)",
+        "batch (lag 0); both: async then sync from the same warm start (default both; "
+        "sync with --trainer trl)",
+    )
+    p.add_argument(
+        "--trainer",
+        choices=TRAINERS,
+        default="builtin",
+        help="builtin: this package's GRPO loop; trl: TRL's GRPOTrainer with the service as "
+        "its rollout_func (installs TRL into the engine venv once; default builtin)",
     )
     for flag, name, what in _FIELDS:
         default = getattr(d, name)
@@ -65,8 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings(args: argparse.Namespace) -> Settings:
-    modes: tuple[Mode, ...] = MODES if args.mode == "both" else (args.mode,)
-    return replace(Settings(), modes=modes, **{name: getattr(args, name) for _, name, _ in _FIELDS})
+    mode: str = args.mode or ("sync" if args.trainer == "trl" else "both")
+    modes: tuple[Mode, ...] = MODES if mode == "both" else tuple(m for m in MODES if m == mode)
+    fields = {name: getattr(args, name) for _, name, _ in _FIELDS}
+    return replace(Settings(), modes=modes, trainer=args.trainer, **fields)
 
 
 async def _until_signalled(run: Coroutine[Any, Any, T]) -> T:

@@ -159,20 +159,34 @@ class LearnerSession:
             self._check_tokens(f"examples[{k}]", ex.prompt_ids, ex.target_ids)
             if not ex.target_ids:
                 raise RequestError(f"examples[{k}]: target_ids is empty")
+        if req.check_every < 1:
+            raise RequestError("check_every: must be >= 1")
         self._set_lr(req.lr)
         rng, started, losses = random.Random(req.seed), time.perf_counter(), []
-        for _ in range(req.steps):
+        checks: list[tuple[int, float]] = []
+        for step in range(1, req.steps + 1):
             batch = _draw(rng, req.examples, req.batch_size)
             scored = lm.token_logprobs(
                 self.model, [e.prompt_ids for e in batch], [e.target_ids for e in batch]
             )
             losses.append(self._step(-scored.logprobs.mean(), None)[0])
+            if req.check and req.stop_at is not None and step % req.check_every == 0:
+                checks.append((step, self._pass_rate(req.check)))
+                if checks[-1][1] >= req.stop_at:
+                    break
         return {
             "loss_first": losses[0] if losses else None,
             "loss_last": losses[-1] if losses else None,
-            "steps": req.steps,
+            "steps": len(losses),
+            "checks": checks,
             "train_s": time.perf_counter() - started,
         }
+
+    def _pass_rate(self, check: list[Example]) -> float:
+        hits = lm.greedy_match(
+            self.model, [e.prompt_ids for e in check], [e.target_ids for e in check]
+        )
+        return sum(hits) / len(hits)
 
     def grpo(self, req: Grpo) -> dict[str, Any]:
         clip_low, clip_high = self._check_grpo(req)

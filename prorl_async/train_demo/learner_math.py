@@ -24,6 +24,7 @@ __all__ = [
     "GrpoTerms",
     "Scored",
     "fidelity",
+    "greedy_match",
     "grpo_terms",
     "shared_prefix",
     "token_logprobs",
@@ -62,26 +63,52 @@ def token_logprobs(
     prompts: Sequence[Tokens],
     responses: Sequence[Tokens],
     temperature: float = 1.0,
+    share_prefix: bool = True,
 ) -> Scored:
     """Logprob of every response token given its prompt and the response before it (of
-    the distribution at ``temperature``)."""
+    the distribution at ``temperature``); ``share_prefix`` False runs every sequence whole
+    (for a model that will not return its key/value cache, as in a trainer's hands)."""
     import torch
 
-    shared = shared_prefix(prompts)
+    targets = torch.tensor([t for r in responses for t in r], dtype=torch.long)
+    lengths = [len(r) for r in responses]
+    if not len(targets):
+        return Scored(torch.zeros(0), lengths)
+    logits = _response_logits(model, prompts, responses, share_prefix)
+    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return Scored(logprobs.gather(1, targets[:, None])[:, 0], lengths)
+
+
+def greedy_match(model: Any, prompts: Sequence[Tokens], targets: Sequence[Tokens]) -> list[bool]:
+    """Whether greedy decoding from each prompt produces exactly its target: every target
+    token is the argmax given the prompt and the target before it (one teacher-forced
+    forward gives the same answer as decoding)."""
+    import torch
+
+    with torch.no_grad():
+        best = _response_logits(model, prompts, targets, True).argmax(dim=-1).tolist()
+    out, at = [], 0
+    for target in targets:
+        out.append(best[at : at + len(target)] == list(target))
+        at += len(target)
+    return out
+
+
+def _response_logits(
+    model: Any, prompts: Sequence[Tokens], responses: Sequence[Tokens], share_prefix: bool
+) -> Any:
+    """The logits predicting each response token, flat in sample order."""
+    import torch
+
+    shared = shared_prefix(prompts) if share_prefix else 0
     rows: list[int] = []
     cols: list[int] = []
     for i, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
         start = len(prompt) - 1 - shared  # the input position predicting response[0]
         rows += [i] * len(response)
         cols += range(start, start + len(response))
-    targets = torch.tensor([t for r in responses for t in r], dtype=torch.long)
-    lengths = [len(r) for r in responses]
-    if not rows:
-        return Scored(torch.zeros(0), lengths)
     hidden = _hidden(model, _inputs(prompts, responses, shared), prompts[0][:shared])
-    logits = model.lm_head(hidden[torch.tensor(rows), torch.tensor(cols)])
-    logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
-    return Scored(logprobs.gather(1, targets[:, None])[:, 0], lengths)
+    return model.lm_head(hidden[torch.tensor(rows), torch.tensor(cols)])
 
 
 def _inputs(prompts: Sequence[Tokens], responses: Sequence[Tokens], shared: int) -> Any:

@@ -68,13 +68,20 @@ class Example(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
 
 
 class Sft(_Request, tag="sft"):
-    """Cross-entropy on the target tokens of mini-batches drawn (seeded) from ``examples``."""
+    """Cross-entropy on the target tokens of mini-batches drawn (seeded) from ``examples``.
+
+    With ``check`` and ``stop_at``: every ``check_every`` steps, the share of ``check``
+    examples whose target greedy decoding reproduces exactly; training stops at the first
+    check that reaches ``stop_at`` (``steps`` is then the most it takes)."""
 
     examples: list[Example]
     steps: int
     batch_size: int
     lr: float | None = None
     seed: int = 0
+    check: list[Example] | None = None
+    check_every: int = 25
+    stop_at: float | None = None
 
 
 class GrpoSample(msgspec.Struct, forbid_unknown_fields=True, frozen=True):

@@ -36,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         mine = [x for x in lines if x["mode"] == mode]
         if not mine:
             continue
+        who = f"TRL {mode}" if mine[0].get("trainer") == "trl" else mode
         start = {"step": 0, "wall_s": 0.0, "eval_pass_at_1": modes[mode]["initial_pass_at_1"]}
         evals = [start, *(x for x in mine if "eval_pass_at_1" in x)]
         for ax, key in zip(axes, ("step", "wall_s"), strict=True):
@@ -44,14 +45,14 @@ def main(argv: list[str] | None = None) -> int:
                 [x["reward_mean"] for x in mine],
                 color=colour,
                 alpha=0.45,
-                label=f"{mode}: sampled reward",
+                label=f"{who}: sampled reward",
             )
             ax.plot(
                 [x[key] for x in evals],
                 [x["eval_pass_at_1"] for x in evals],
                 "o-",
                 color=colour,
-                label=f"{mode}: held-out pass@1 (greedy)",
+                label=f"{who}: held-out pass@1 (greedy)",
             )
     axes[0].set_xlabel("optimiser step")
     axes[1].set_xlabel("wall-clock seconds (since the mode started)")

@@ -11,14 +11,15 @@ import contextlib
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 from prorl_async.vllm_cpu import EngineEnv, VllmProcess
 
-__all__ = ["RunError", "engine", "server"]
+__all__ = ["RunError", "engine", "run_in_engine_venv", "server"]
 
+Say = Callable[[str], None]
 _SERVER_START_S = 60.0
 _ENGINE_START_S = 600.0
 
@@ -69,6 +70,47 @@ async def server(args: Sequence[str], state_dir: Path, log_path: Path) -> AsyncI
         yield f"http://127.0.0.1:{port}"
     finally:
         await _end(proc)
+
+
+async def run_in_engine_venv(
+    env: EngineEnv, module: str, args: Sequence[str], log_path: Path, timeout_s: float, say: Say
+) -> None:
+    """``python -m module args`` in the engine's venv, to its end (bounded by ``timeout_s``);
+    its stdout lines that start with the module's last name are said, everything goes to
+    ``log_path``. Cancelled or timed out, it is ended with its process group."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    tag = module.rsplit(".", 1)[-1].split("_")[0]
+    log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            str(env.python),
+            "-m",
+            module,
+            *args,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=log,
+            env=env.process_env(),
+            start_new_session=True,
+        )
+        try:
+            async with asyncio.timeout(timeout_s):
+                assert proc.stdout is not None
+                async for raw in proc.stdout:
+                    os.write(log, raw)
+                    line = raw.decode(errors="replace").rstrip()
+                    if line.startswith(tag):
+                        say(line)
+                code = await proc.wait()
+        except TimeoutError:
+            msg = f"{module} did not finish within {timeout_s:.0f} s; log: {log_path}"
+            raise RunError(msg) from None
+        finally:
+            await _end(proc, grace_s=10.0)
+    finally:
+        os.close(log)
+    if code != 0:
+        raise RunError(f"{module} exited with {code}; its log: {log_path}")
 
 
 def _prepare(state_dir: Path, log_path: Path) -> tuple[Path, int]:

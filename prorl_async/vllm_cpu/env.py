@@ -27,6 +27,7 @@ from pathlib import Path
 __all__ = [
     "MODEL_FORMAT",
     "SERVED_MODEL",
+    "TRL_VERSION",
     "VLLM_VERSION",
     "EngineEnv",
     "EngineEnvError",
@@ -35,6 +36,8 @@ __all__ = [
 ]
 
 VLLM_VERSION = "0.32.0"
+# TRL for ``train-demo --trainer trl`` (the newest that installs beside vLLM's pins).
+TRL_VERSION = "1.16.0"
 # Bump when the model files change, so stale builds are not reused.
 MODEL_FORMAT = 1
 SERVED_MODEL = "tiny-qwen3"
@@ -101,6 +104,26 @@ class EngineEnv:
         versions = self._check()
         (self.venv / _MARKER).write_text(json.dumps(versions, indent=1) + "\n")
         log("ready: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+
+    @property
+    def has_trl(self) -> bool:
+        return any((self.venv / "lib").glob(f"python*/site-packages/trl-{TRL_VERSION}.dist-info"))
+
+    def add_trl(self, log: Log = lambda _: None) -> None:
+        """Install TRL into the ready venv (idempotent, ~150 MB, ~30 s). Every package the
+        venv has is pinned to its installed version, so torch stays the CPU build and
+        vLLM's pins hold: nothing is upgraded, no CUDA wheel is fetched."""
+        if not self.ready:
+            raise EngineEnvError(f"no vLLM environment at {self.venv}: set it up first")
+        if self.has_trl:
+            return
+        log(f"installing trl=={TRL_VERSION} into {self.venv} (~150 MB, about 30 s)")
+        freeze = _run([str(self.python), "-m", "pip", "freeze"], "listing the venv")
+        with tempfile.NamedTemporaryFile("w", suffix=".txt") as pins:
+            pins.write(freeze)
+            pins.flush()
+            self._pip(["install", "-q", "-c", pins.name, f"trl=={TRL_VERSION}"])
+        log("trl ready")
 
     def _pip(self, args: list[str]) -> None:
         env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
