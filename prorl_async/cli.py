@@ -88,6 +88,12 @@ def _listen_flags(g: argparse._ArgumentGroup, d: ServerConfig) -> None:
         "token, max_inflight, weight, admin (default: none)",
     )
     add(
+        "--metrics-token-file",
+        metavar="FILE",
+        help="the token Prometheus scrapes /metrics with; where tokens are set, /metrics "
+        "answers it or an admin's token only (default: none)",
+    )
+    add(
         "--read-timeout-s",
         type=float,
         metavar="S",

@@ -43,6 +43,12 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     token_file: str | None = None
     # TOML file (mode 600) of [tenants.NAME] tables: token, max_inflight, weight, admin.
     tokens_file: str | None = None
+    # A file holding the token Prometheus scrapes /metrics with (its `authorization`
+    # credentials_file). Where tokens are configured, /metrics answers only this token
+    # or an admin's: the metrics name every tenant.
+    metrics_token_file: str | None = None
+    # The scrape token itself; prefer metrics_token_file. Exclusive with it.
+    metrics_token: str | None = None
     # The tenants (from tokens_file, or [tenants.NAME] tables here); each its own token.
     tenants: dict[str, TenantConfig] = msgspec.field(default_factory=dict)
     # [callbacks]: allow_hosts, secret_file (or PRORL_CALLBACK_SECRET), retries.
@@ -153,6 +159,11 @@ def load_config(
     _check(cfg)
     if cfg.token_file is not None:
         cfg = msgspec.structs.replace(cfg, token=_read_token(cfg))
+    if cfg.metrics_token_file is not None:
+        if cfg.metrics_token is not None:
+            raise ConfigError("metrics_token and metrics_token_file are both set: give one")
+        scrape = _read_secret("metrics_token_file", cfg.metrics_token_file)
+        cfg = msgspec.structs.replace(cfg, metrics_token=scrape)
     return _with_tenants_and_secret(cfg, os.environ if env is None else env)
 
 
@@ -174,12 +185,16 @@ def _read_token(cfg: ServerConfig) -> str:
     assert cfg.token_file is not None
     if cfg.token is not None:
         raise ConfigError("token and token_file are both set: give one of them")
+    return _read_secret("token_file", cfg.token_file)
+
+
+def _read_secret(name: str, path: str) -> str:
     try:
-        token = Path(cfg.token_file).read_text().strip()
+        token = Path(path).read_text().strip()
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"token_file {cfg.token_file}: {exc}") from exc
+        raise ConfigError(f"{name} {path}: {exc}") from exc
     if not token:
-        raise ConfigError(f"token_file {cfg.token_file}: the file is empty")
+        raise ConfigError(f"{name} {path}: the file is empty")
     return token
 
 

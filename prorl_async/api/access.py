@@ -1,10 +1,11 @@
 """Who is calling, and every route's guard: each request's tenant from its bearer token,
 what a tenant may call, and errors answered as problem+json.
 
-Every route but ``/healthz`` and ``/metrics`` needs a known token when any is configured
-(401 otherwise). A tenant that is not ``admin`` may call only the routes of its own
-jobs and of reading the server's state (``TENANT_ROUTES``); any other route, present or
-added later (backends, workers, weights, start, stop), answers it 403.
+Every route but ``/healthz`` needs a known token when any is configured (401 otherwise).
+A tenant that is not ``admin`` may call only the routes of its own jobs and of reading
+the server's state (``TENANT_ROUTES``); any other route, present or added later
+(backends, workers, weights, start, stop), answers it 403. ``/metrics`` names every
+tenant: it answers an admin's token or the scrape token (``metrics_token_file``) only.
 
 Each route's handler is wrapped once, when the app is built (``add_routes``), with what
 it needs decided then: whether its path is open, whether a tenant may call it. aiohttp
@@ -17,6 +18,7 @@ way: 405 and 404 as problem+json, after the token check, as every other answer.
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Iterable
 
 from aiohttp import hdrs, web
@@ -29,7 +31,8 @@ from prorl_async.tenancy import Tenant, Tenants
 __all__ = ["TENANT", "TENANT_ROUTES", "add_routes", "guarded", "viewer"]
 
 TENANT = web.RequestKey("tenant", Tenant)
-_OPEN_PATHS = frozenset({"/healthz", "/metrics"})
+_OPEN_PATHS = frozenset({"/healthz"})
+SCRAPE_PATH = "/metrics"
 TENANT_ROUTES = frozenset(
     {
         ("POST", "/process"),
@@ -47,15 +50,29 @@ TENANT_ROUTES = frozenset(
 )
 
 
-def guarded(handler: Handler, tenants: Tenants, *, open_path: bool, tenant_route: bool) -> Handler:
+def guarded(
+    handler: Handler,
+    tenants: Tenants,
+    *,
+    open_path: bool,
+    tenant_route: bool,
+    scrape_token: str | None = None,
+) -> Handler:
     """``handler`` behind the token check (unless ``open_path``; 403 for a non-admin
-    unless ``tenant_route``), its errors answered as problem+json. The request's
-    ``TENANT`` is set for the handler (read it with ``viewer``)."""
+    unless ``tenant_route``; ``scrape_token`` also passes), its errors answered as
+    problem+json. The request's ``TENANT`` is set for the handler (read it with
+    ``viewer``)."""
+    scrape = None if scrape_token is None else b"Bearer " + scrape_token.encode()
 
     async def guard(request: web.Request) -> web.StreamResponse:
         try:
+            header = request.headers.get("Authorization", "")
+            if scrape is not None and hmac.compare_digest(
+                header.encode("utf-8", "surrogateescape"), scrape
+            ):
+                return await handler(request)
             if not open_path:
-                tenant = tenants.authenticate(request.headers.get("Authorization", ""))
+                tenant = tenants.authenticate(header)
                 if tenant is None:
                     raise Unauthorized("missing or wrong bearer token in the Authorization header")
                 if not tenant_route and not tenant.admin:
@@ -75,11 +92,15 @@ def guarded(handler: Handler, tenants: Tenants, *, open_path: bool, tenant_route
 
 
 def add_routes(
-    app: web.Application, tenants: Tenants, tables: Iterable[Iterable[web.AbstractRouteDef]]
+    app: web.Application,
+    tenants: Tenants,
+    tables: Iterable[Iterable[web.AbstractRouteDef]],
+    scrape_token: str | None = None,
 ) -> None:
     """Add every route of ``tables``, each guarded (``guarded``); then, on each path, a
     route for any other method (405, naming the allowed ones) and a last route for any
-    other path (404). Call once, after nothing else adds routes."""
+    other path (404). ``scrape_token`` opens ``/metrics`` besides an admin's token. Call
+    once, after nothing else adds routes."""
     for table in tables:
         for route in table:
             if not isinstance(route, web.RouteDef):
@@ -91,6 +112,7 @@ def add_routes(
                 tenants,
                 open_path=route.path in _OPEN_PATHS,
                 tenant_route=tenant_route,
+                scrape_token=scrape_token if route.path == SCRAPE_PATH else None,
             )
             web.RouteDef(route.method, route.path, handler, route.kwargs).register(app.router)
     # A path's routes may sit in several resources (routes of one path added apart): the

@@ -44,7 +44,8 @@ def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> 
         access_log=None,
     )
     # /results, /events and /jobs/{job_id}/callback are event_routes.
-    add_routes(app, service.tenants, (routes, weight_routes, event_routes))
+    tables = (routes, weight_routes, event_routes)
+    add_routes(app, service.tenants, tables, scrape_token=config.metrics_token)
     register_events(app)
     app.cleanup_ctx.append(_service_ctx)
     return app

@@ -266,6 +266,7 @@ class Run:
             "heldout": self.heldout,
             "prompts": [next(problems) for _ in range(s.steps * s.prompts_per_step)],
             "timeout_s": s.step_timeout_s,
+            "generation": s.trl_generation,
         }
         spec_path = self.out / "logs" / "trl-spec.json"
         await asyncio.to_thread(spec_path.write_text, json.dumps(spec))

@@ -28,6 +28,9 @@ class Settings:
     # The learner: this package's GRPO loop, or TRL's GRPOTrainer (sync only: it
     # generates and trains in turn).
     trainer: Trainer = "builtin"
+    # With trainer "trl": rollouts through the service ("service"), or TRL's own HF
+    # generation on CPU ("trl", for comparison; the engine then only evaluates).
+    trl_generation: Literal["service", "trl"] = "service"
     steps: int = 40
     prompts_per_step: int = 48
     group_size: int = 8

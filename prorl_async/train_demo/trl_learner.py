@@ -17,7 +17,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -58,6 +58,10 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     prompts: list[tuple[int, int]]
     threads: int = 2
     timeout_s: float = 600.0
+    # "service": rollouts through the server and its engine (the adapter); "trl": TRL's
+    # own generation (HF generate on CPU, no engine) and a local grader, for comparison:
+    # the engine then only serves the held-out evaluations.
+    generation: Literal["service", "trl"] = "service"
 
 
 class Clock:
@@ -67,13 +71,30 @@ class Clock:
         self.start = time.monotonic()
         self.rollout_s = self.rollout_end = self.eval_s = 0.0
         self.fid: dict[str, Any] = {}
+        self.step_begin = self.start
         self.totals = {"rollout_s": 0.0, "train_s": 0.0, "eval_s": 0.0}
 
 
 def _jobs(spec: Spec) -> list[dict[str, Any]]:
     """The training rows: the prompts in the order ``run`` drew them (TRL's sampler does
-    not shuffle them: ``shuffle_dataset`` off)."""
+    not shuffle them: ``shuffle_dataset`` off). For TRL's own generation, the handler's
+    exact first prompt as text (TRL tokenizes it) and the answer."""
+    if spec.generation == "trl":
+        from prorl_async.train_demo import prompt
+
+        return [{"prompt": prompt.prompt_text(a, b), "answer": str(a + b)} for a, b in spec.prompts]
     return [dataset_row("math", task.instance(a, b)) for a, b in spec.prompts]
+
+
+def local_reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    """The ``math`` handler's grading of a reply with no tool call (its last ``\\boxed{}``),
+    run in the trainer: TRL's own generation has no service to grade it."""
+    from prorl_async.grading.math import extract_answer, grade, reference_answer
+
+    return [
+        float(grade(extract_answer(text, None), reference_answer(ref)).correct)
+        for text, ref in zip(completions, answer, strict=True)
+    ]
 
 
 def evaluate(rollouts: ServiceRollouts, spec: Spec) -> float:
@@ -166,6 +187,14 @@ def build(spec: Spec, rollouts: ServiceRollouts, clock: Clock) -> Any:
         return out
 
     timed_rollouts.__name__ = "prorl_async_rollouts"
+    if spec.generation == "trl":
+        return GRPOTrainer(
+            model=model,
+            reward_funcs=local_reward,
+            args=args,
+            train_dataset=Dataset.from_list(_jobs(spec)),
+            processing_class=tokenizer,
+        )
     return GRPOTrainer(
         model=model,
         reward_funcs=service_reward,
@@ -185,41 +214,70 @@ def metrics_callback(spec: Spec, rollouts: ServiceRollouts, clock: Clock, sync: 
             self.final = 0.0
             self.pending: dict[str, Any] | None = None
 
+        def on_step_begin(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+            clock.step_begin = time.monotonic()
+
         def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
-            t2 = time.monotonic()
-            sync.on_step_end(args, state, control, **kw)
-            t3 = time.monotonic()
             step = int(state.global_step)
-            results = rollouts.last_results
-            groups = [
-                Group(str(i), {}, results[i : i + spec.group_size])
-                for i in range(0, len(results), spec.group_size)
-            ]
+            evaluating = step % max(spec.eval_every, 1) == 0 or step == spec.steps
+            own = spec.generation == "trl"
+            t2 = time.monotonic()
+            if evaluating or not own:  # TRL's own generation needs the engine only to evaluate
+                sync.on_step_end(args, state, control, **kw)
+            t3 = time.monotonic()
             line: dict[str, Any] = {
                 "mode": "sync",
                 "trainer": "trl",
+                "generation": spec.generation,
                 "step": step,
                 "wall_s": round(t3 - clock.start, 3),
-                **step_figures(groups),
-                **clock.fid,
+                **(self._own_figures() if own else self._service_figures()),
                 "loss": None,  # TRL logs the step's loss after this callback: on_log
                 "groups_filtered": 0,
-                "rollout_wait_s": round(clock.rollout_s, 3),
-                "train_s": round(t3 - clock.rollout_end, 3),
                 "weight_sync_s": round(t3 - t2, 3),
             }
-            clock.totals["rollout_s"] += clock.rollout_s
-            clock.totals["train_s"] += t3 - clock.rollout_end
-            if step % max(spec.eval_every, 1) == 0 or step == spec.steps:
+            if own:  # generation is inside TRL's step
+                line |= {"rollout_wait_s": None, "train_s": round(t2 - clock.step_begin, 3)}
+                clock.totals["train_s"] += t2 - clock.step_begin
+            else:
+                line["rollout_wait_s"] = round(clock.rollout_s, 3)
+                line["train_s"] = round(t3 - clock.rollout_end, 3)
+                clock.totals["rollout_s"] += clock.rollout_s
+                clock.totals["train_s"] += t3 - clock.rollout_end
+            if evaluating:
                 t4 = time.monotonic()
                 self.final = line["eval_pass_at_1"] = evaluate(rollouts, spec)
                 clock.totals["eval_s"] += time.monotonic() - t4
             self.pending = line
 
+        def _service_figures(self) -> dict[str, Any]:
+            results = rollouts.last_results
+            groups = [
+                Group(str(i), {}, results[i : i + spec.group_size])
+                for i in range(0, len(results), spec.group_size)
+            ]
+            return {**step_figures(groups), **clock.fid}
+
+        def _own_figures(self) -> dict[str, Any]:
+            """Filled from TRL's log of the step (on_log); no engine, no versions."""
+            none = ("reward_mean", "pass_rate", "tokens", "weight_version_min")
+            return {k: None for k in none} | {
+                "weight_version_max": None,
+                "logprob_diff_mean": None,
+                "logprob_diff_max": None,
+                "fidelity_tokens": 0,
+            }
+
         def on_log(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
             logs = kw.get("logs") or {}
             if self.pending is not None and "loss" in logs:
                 self.pending["loss"] = float(logs["loss"])
+                if self.pending["generation"] == "trl":
+                    batch = spec.prompts_per_step * spec.group_size
+                    self.pending["reward_mean"] = float(logs["reward"])
+                    self.pending["pass_rate"] = float(logs["reward"])
+                    length = float(logs["completions/mean_length"])
+                    self.pending["tokens"] = round(length * batch)
                 self._write()
 
         def on_train_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
@@ -232,10 +290,10 @@ def metrics_callback(spec: Spec, rollouts: ServiceRollouts, clock: Clock, sync: 
             with open(spec.metrics, "a") as f:
                 f.write(json.dumps(line) + "\n")
             _say(
-                f"trl step {line['step']:>3}/{spec.steps}  reward {line['reward_mean']:.3f}  "
+                f"trl step {line['step']:>3}/{spec.steps}  reward {line['reward_mean'] or 0:.3f}  "
                 f"versions {line['weight_version_min']}-{line['weight_version_max']}  "
                 f"|dlogp| max {_sci(line['logprob_diff_max'])}  "
-                f"rollout {line['rollout_wait_s']:.1f} s  train {line['train_s']:.1f} s"
+                f"rollout {line['rollout_wait_s'] or 0:.1f} s  train {line['train_s']:.1f} s"
                 + (f" eval {line['eval_pass_at_1']:.3f}" if "eval_pass_at_1" in line else "")
                 + "\n"
             )

@@ -37,7 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     setup.add_argument(
         "--with-trl",
         action="store_true",
-        help="also install TRL (train-demo --trainer trl), pinned beside vLLM's CPU torch",
+        help="also install TRL (train-demo --trainer trl), pinned beside vLLM's CPU torch "
+        "(default: off)",
     )
     m = sub.add_parser(
         "model", help="build the tiny model for a seed and print its directory", formatter_class=fmt

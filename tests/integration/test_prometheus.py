@@ -29,7 +29,14 @@ async def test_prometheus_reads_queue_depth(
     binary = shutil.which("prometheus")
     require(binary is not None, "prometheus is not installed (apt-get install prometheus)")
     assert binary is not None
-    async with make_server(init_workers=1) as srv:
+    # Tokens configured: Prometheus scrapes with the scrape token (its credentials_file),
+    # as an operator's config would (docs/config.md, "Metrics").
+    scrape = tmp_path / "scrape-token"
+    scrape.write_text("scrape-s3cret\n")
+    scrape.chmod(0o600)
+    async with make_server(
+        init_workers=1, token="admin-s3cret", metrics_token_file=str(scrape)
+    ) as srv:
         blocker = await srv.client.submit("blocking", {"block": ["init"]})
         await blocking.event(blocker, "init").wait()
         await srv.client.submit_batch([{"task": "blocking", "instance": {}}] * 3)
@@ -39,6 +46,7 @@ async def test_prometheus_reads_queue_depth(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             "scrape_configs:\n"
             f"- job_name: prorl\n  static_configs: [{{targets: ['{target}']}}]\n"
+            f"  authorization: {{credentials_file: '{scrape}'}}\n"
         )
         port = free_port()
         proc = await asyncio.create_subprocess_exec(

@@ -129,9 +129,8 @@ async def test_a_wrong_path_or_method_asks_for_a_token_first_then_answers_404_or
                 if status == 405:
                     assert doc["detail"].startswith(f"{method} {path}: method not allowed; use ")
         # A wrong method on an open path needs no token (the path is open).
-        for path in ("/metrics", "/healthz"):
-            async with s.delete(srv.url + path) as r:
-                assert r.status == 405 and r.headers["Allow"] == "GET,HEAD"
+        async with s.delete(srv.url + "/healthz") as r:
+            assert r.status == 405 and r.headers["Allow"] == "GET,HEAD"
         async with s.delete(
             f"{srv.url}/jobs/j-unknown", headers={"Authorization": "Bearer token-a"}
         ) as r:
@@ -161,7 +160,8 @@ async def test_status_and_metrics_are_broken_down_by_tenant(
         assert set(everyone) >= {"a", "b", "ops"}
         assert everyone["b"]["jobs"]["done"] == 2 and everyone["b"]["max_inflight"] == 3
         assert everyone["b"]["last_seq"] == 2 and everyone["a"]["last_seq"] == 0
-        async with aiohttp.ClientSession() as s, s.get(f"{srv.url}/metrics") as r:
+        admin = {"Authorization": "Bearer token-ops"}
+        async with aiohttp.ClientSession() as s, s.get(f"{srv.url}/metrics", headers=admin) as r:
             text = await r.text()
         assert 'prorl_tenant_active_jobs{stage="run",tenant="a"} 1.0' in text
         assert 'prorl_tenant_jobs_total{status="done",tenant="b"} 2.0' in text
@@ -273,3 +273,31 @@ async def test_the_tenant_is_stored_with_the_job_across_kill9(tmp_path: Path) ->
             assert (await b.results(0))["results"] == []
             with pytest.raises(NotFoundError):
                 await b.result(ids[0])
+
+
+async def test_metrics_answer_only_an_admin_or_the_scrape_token(
+    make_server: ServerFactory, tmp_path: Path
+) -> None:
+    scrape = tmp_path / "scrape-token"
+    scrape.write_text("  scrape-s3cret\n")  # whitespace around it is dropped
+    async with make_server(tenants=TENANTS, metrics_token_file=str(scrape)) as srv:
+        answers = {}
+        for who in (None, "token-a", "token-ops", "scrape-s3cret", "wrong"):
+            headers = {} if who is None else {"Authorization": f"Bearer {who}"}
+            async with aiohttp.ClientSession() as s:
+                async with s.get(f"{srv.url}/metrics", headers=headers) as r:
+                    answers[who] = (r.status, await r.text())
+        assert {who: status for who, (status, _) in answers.items()} == {
+            None: 401,
+            "token-a": 403,  # a tenant sees its own part in /status, not everyone's
+            "token-ops": 200,
+            "scrape-s3cret": 200,
+            "wrong": 401,
+        }
+        assert "prorl_tenant_inflight" in answers["scrape-s3cret"][1]
+        assert "not an admin" in answers["token-a"][1]
+        # The scrape token opens /metrics only.
+        async with aiohttp.ClientSession() as s:
+            headers = {"Authorization": "Bearer scrape-s3cret"}
+            async with s.get(f"{srv.url}/status", headers=headers) as r:
+                assert r.status == 401
