@@ -199,6 +199,7 @@ class BwrapRuntime(Runtime):
             userns=not self.drops_root,
             log=str(sb.layout.log),
             timeout=self.config.start_timeout_s,
+            env=self.sandbox_tag(),
         )
         sb.attach_helper(proc)
 

@@ -49,7 +49,13 @@ def netns_pid(root_pid: int) -> int:
 
 
 async def start_slirp(
-    target: int, *, prefix: list[str], userns: bool, log: str, timeout: float
+    target: int,
+    *,
+    prefix: list[str],
+    userns: bool,
+    log: str,
+    timeout: float,
+    env: dict[str, str] | None = None,
 ) -> asyncio.subprocess.Process:
     """Start slirp4netns on ``target``'s netns; return once the interface is configured.
 
@@ -83,7 +89,7 @@ async def start_slirp(
                 stdout=out,
                 stderr=out,
                 pass_fds=(ready_w,),
-                env={"PATH": "/usr/bin:/bin"},
+                env={"PATH": "/usr/bin:/bin", **(env or {})},
                 start_new_session=True,
             )
         finally:

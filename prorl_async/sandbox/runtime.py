@@ -20,6 +20,8 @@ from typing import ClassVar, Protocol
 from prorl_async.capacity.budget import SandboxBudget
 from prorl_async.sandbox.cgroup import SandboxCgroup, find_cgroup_parents
 from prorl_async.sandbox.disk import can_mount
+from prorl_async.sandbox.keeper import ENV as KEEPER_ENV
+from prorl_async.sandbox.keeper import Keeper
 from prorl_async.sandbox.layout import Layout
 from prorl_async.sandbox.limits import SandboxLimits, describe_enforcement, prlimit_argv
 from prorl_async.sandbox.loopback import LoopbackAllocator, LoopbackLease
@@ -88,6 +90,8 @@ class Runtime(abc.ABC):
         self._live: set[Sandbox] = set()
         self.budget = SandboxBudget()
         self.warm: WarmSource | None = None
+        # Ends every sandbox process if this server dies (keeper.py says why and how).
+        self.keeper = Keeper()
 
     @abc.abstractmethod
     def command(self, spec: SandboxSpec, layout: Layout, ip: str) -> list[str]:
@@ -270,8 +274,16 @@ class Runtime(abc.ABC):
     async def attach_network(self, sb: Sandbox, spec: SandboxSpec) -> None:
         """Give a started sandbox the outside network its spec asks for (runtimes that can)."""
 
+    def sandbox_tag(self) -> dict[str, str]:
+        """The environment entry every process this runtime launches carries, so the
+        keeper (started here, once) finds it if the server dies."""
+        if self.keeper.pid is None:
+            self.keeper.start()
+        return {KEEPER_ENV: self.keeper.tag}
+
     async def _launch(self, sb: Sandbox, spec: SandboxSpec) -> None:
         argv = self._argv(sb, spec)
+        env = self.environment(spec, sb.layout, sb.loopback_ip) | self.sandbox_tag()
         out = os.open(sb.layout.log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -279,7 +291,7 @@ class Runtime(abc.ABC):
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
-                env=self.environment(spec, sb.layout, sb.loopback_ip),
+                env=env,
                 cwd=sb.layout.root,  # a shell wrapper exports PWD: not the server's directory
                 start_new_session=True,
             )
@@ -325,6 +337,7 @@ class Runtime(abc.ABC):
         live = list(self._live)
         if live:
             await asyncio.gather(*(sb.aclose() for sb in live), return_exceptions=True)
+        await asyncio.to_thread(self.keeper.close)
 
 
 def join_cgroup_argv(sb: Sandbox) -> list[str]:

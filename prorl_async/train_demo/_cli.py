@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             flag, dest=name, type=type(default), default=default, help=f"{what} (default {default})"
         )
+    p.add_argument(
+        "--trl-generation",
+        choices=("service", "trl"),
+        default="service",
+        help="with --trainer trl: rollouts through the server and vLLM (service), or TRL's "
+        "own HF generation on CPU, for comparison (default service)",
+    )
     p.add_argument("--no-plot", action="store_true", help="skip curve.png (default: draw it)")
     return p
 
@@ -77,7 +84,13 @@ def settings(args: argparse.Namespace) -> Settings:
     mode: str = args.mode or ("sync" if args.trainer == "trl" else "both")
     modes: tuple[Mode, ...] = MODES if mode == "both" else tuple(m for m in MODES if m == mode)
     fields = {name: getattr(args, name) for _, name, _ in _FIELDS}
-    return replace(Settings(), modes=modes, trainer=args.trainer, **fields)
+    return replace(
+        Settings(),
+        modes=modes,
+        trainer=args.trainer,
+        trl_generation=args.trl_generation,
+        **fields,
+    )
 
 
 async def _until_signalled(run: Coroutine[Any, Any, T]) -> T:

@@ -268,6 +268,9 @@ class Run:
             "timeout_s": s.step_timeout_s,
             "generation": s.trl_generation,
         }
+        if s.trl_generation == "trl":
+            texts = [prompt.prompt_text(a, b) for a, b in spec["prompts"]]
+            spec["prompt_texts"] = texts
         spec_path = self.out / "logs" / "trl-spec.json"
         await asyncio.to_thread(spec_path.write_text, json.dumps(spec))
         bound = s.step_timeout_s * (s.steps + 2)

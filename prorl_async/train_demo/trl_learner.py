@@ -62,6 +62,9 @@ class Spec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # own generation (HF generate on CPU, no engine) and a local grader, for comparison:
     # the engine then only serves the held-out evaluations.
     generation: Literal["service", "trl"] = "service"
+    # With generation "trl": each prompt's rendered text (the handler's exact first
+    # prompt; rendering it needs the handlers, which this venv does not import).
+    prompt_texts: list[str] | None = None
 
 
 class Clock:
@@ -80,9 +83,12 @@ def _jobs(spec: Spec) -> list[dict[str, Any]]:
     not shuffle them: ``shuffle_dataset`` off). For TRL's own generation, the handler's
     exact first prompt as text (TRL tokenizes it) and the answer."""
     if spec.generation == "trl":
-        from prorl_async.train_demo import prompt
-
-        return [{"prompt": prompt.prompt_text(a, b), "answer": str(a + b)} for a, b in spec.prompts]
+        if spec.prompt_texts is None or len(spec.prompt_texts) != len(spec.prompts):
+            raise ValueError("generation 'trl' needs prompt_texts, one per prompt")
+        return [
+            {"prompt": text, "answer": str(a + b)}
+            for text, (a, b) in zip(spec.prompt_texts, spec.prompts, strict=True)
+        ]
     return [dataset_row("math", task.instance(a, b)) for a, b in spec.prompts]
 
 

@@ -6,6 +6,7 @@ run itself (torch, a real vLLM) is ``tests/train_demo/test_trl.py``."""
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -167,3 +168,10 @@ async def test_a_load_that_fails_names_the_server_and_stale_tokens_stop_the_run(
             assert [b["weight_version"] for b in await two.client.weights()] == [0]
             with pytest.raises(RolloutsError, match="weight version 0, but version 1"):
                 await asyncio.to_thread(rollouts, [row(1, 1)] * 2 + [row(2, 2)] * 2)
+
+
+def test_the_docs_table_names_what_rollout_func_returns() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text()
+    trl = doc.split("## TRL", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(\w+)`(?: \(extra field\))? \|", trl, flags=re.M)
+    assert set(rows) == {*KEYS, "job_id"} and len(rows) == len(set(rows))
