@@ -6,6 +6,7 @@ again. And the keeper's own sweep: it ends tagged processes and only those."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import shutil
@@ -129,12 +130,19 @@ async def _kill_once(llm: str, where: Path, after_s: float, bwrap: str) -> None:
             snapshot = {p: _start_time(p) for p in descendants(proc.pid) if p not in keeper}
             proc.send_signal(signal.SIGKILL)
             await proc.wait()
-    await eventually(
-        lambda: not _left(snapshot, run_dir, entry),
-        timeout=GONE_WITHIN_S,
-        what=lambda: f"{where.name} after {after_s:.2f} s: left {_left(snapshot, run_dir, entry)}",
-        interval=0.1,
-    )
+    try:
+        await eventually(
+            lambda: not _left(snapshot, run_dir, entry),
+            timeout=GONE_WITHIN_S,
+            what=lambda: (
+                f"{where.name} after {after_s:.2f} s: left {_left(snapshot, run_dir, entry)}"
+            ),
+            interval=0.1,
+        )
+    finally:  # a failure leaves nothing behind either
+        for line in _left(snapshot, run_dir, entry):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(line.split(" ", 1)[0]), signal.SIGKILL)
     assert len(snapshot) > 2, "the kill found no sandbox to leave behind"
 
 
