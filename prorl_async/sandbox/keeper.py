@@ -6,13 +6,13 @@ cgroups runs first), and helpers such as slirp4netns, outlive a server killed wi
 SIGKILL or by the OOM killer, re-parented to init. The restart-time reaper
 (``records.reap_stale``) cleans up only if a server starts again on the same state dir.
 
-So a server starts one keeper (:class:`Keeper`): a small process of its own session that
-holds the read end of a pipe whose write end only the server has. Every process a
-runtime launches carries ``PRORL_SANDBOX_TAG=<tag>`` in its environment (bwrap's outer
-and namespace-init processes, apptainer's starter, slirp4netns; what runs inside a
-PID namespace dies with its init). When the pipe reaches EOF (the kernel closes it
-whatever ended the server), the keeper SIGKILLs every process whose environment carries
-the tag, sweeping until none has been found for ``QUIET_S`` (late ``exec``\\ s of a
+So a runtime runs a keeper (:class:`Keeper`) while it has a sandbox: a small process of
+its own session that holds the read end of a pipe whose write end only the server has.
+Every process a runtime launches carries ``PRORL_SANDBOX_TAG=<tag>`` in its environment
+(bwrap's outer and namespace-init processes, apptainer's starter, slirp4netns; what runs
+inside a PID namespace dies with its init). When the pipe reaches EOF (the kernel closes
+it whatever ended the server), the keeper SIGKILLs every process whose environment
+carries the tag, sweeping until none has been found for ``QUIET_S`` (late ``exec``\\ s of a
 launch under way are caught), bounded by ``SWEEP_S``, then exits. A server that closes
 its runtime normally has ended its sandboxes already: the sweep finds nothing.
 
@@ -23,7 +23,7 @@ process that sets it after its parent died never gets it. The keeper runs as the
 server's user, has no socket, and nothing of it is reachable from a sandbox (the pipe's
 write end is close-on-exec in the server).
 
-    python -m prorl_async.sandbox.keeper TAG      # stdin: the pipe
+    python -I -S prorl_async/sandbox/keeper.py TAG      # stdin: the pipe
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def sweep(tag: str, *, total_s: float = SWEEP_S, quiet_s: float = QUIET_S) -> in
 class Keeper:
     """The server's side: starts the keeper process and holds the pipe's write end.
 
-    ``close`` tells the keeper the server ended on purpose (it still sweeps, finding
-    nothing when every sandbox was closed) and waits for it, bounded.
+    ``release`` tells the keeper the runtime has no sandbox left (it makes one last pass,
+    finding nothing, and exits) without waiting for it; ``wait`` reaps it, bounded.
     """
 
     def __init__(self, tag: str | None = None) -> None:
@@ -104,13 +104,13 @@ class Keeper:
         # stdin=PIPE: the write end stays in this process only (close-on-exec, and every
         # other child is started with close_fds). Its own session: a signal to the
         # server's process group (Ctrl-C) does not end the keeper before the server.
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": _root()}
+        # Run by path, isolated: it needs the standard library only.
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "prorl_async.sandbox.keeper", self.tag],
+            [sys.executable, "-I", "-S", __file__, self.tag],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            env=env,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
             start_new_session=True,
             close_fds=True,
         )
@@ -119,17 +119,27 @@ class Keeper:
     def pid(self) -> int | None:
         return None if self._proc is None else self._proc.pid
 
-    def close(self, timeout_s: float = SWEEP_S + 2.0) -> None:
-        """The server is closing its runtime (its sandboxes are closed): one last pass."""
-        proc, self._proc = self._proc, None
+    def release(self) -> None:
+        """Say BYE and close the pipe: the keeper exits after one pass (no waiting here)."""
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdin.closed:
+            return
+        with contextlib.suppress(OSError):
+            proc.stdin.write(BYE)
+            proc.stdin.flush()
+        with contextlib.suppress(OSError):
+            proc.stdin.close()
+
+    def exited(self) -> bool:
+        """Whether the keeper has ended (and is reaped)."""
+        return self._proc is None or self._proc.poll() is not None
+
+    def wait(self, timeout_s: float = SWEEP_S + 2.0) -> None:
+        """Release, then reap it (killed if it has not ended within ``timeout_s``)."""
+        self.release()
+        proc = self._proc
         if proc is None:
             return
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.write(BYE)
-                proc.stdin.flush()
-            with contextlib.suppress(OSError):
-                proc.stdin.close()
         try:
             proc.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -137,14 +147,9 @@ class Keeper:
             proc.wait()
 
 
-def _root() -> str:
-    """The directory holding this ``prorl_async``."""
-    return str(Path(__file__).resolve().parents[2])
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or not argv[0]:
-        sys.stderr.write("usage: python -m prorl_async.sandbox.keeper TAG  (stdin: the pipe)\n")
+        sys.stderr.write("usage: python keeper.py TAG  (stdin: the pipe)\n")
         return 2
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server's Ctrl-C is not ours
     # Block until the server's end of the pipe closes: it died, or said BYE first.

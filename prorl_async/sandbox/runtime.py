@@ -90,8 +90,9 @@ class Runtime(abc.ABC):
         self._live: set[Sandbox] = set()
         self.budget = SandboxBudget()
         self.warm: WarmSource | None = None
-        # Ends every sandbox process if this server dies (keeper.py says why and how).
-        self.keeper = Keeper()
+        # While a sandbox lives: ends every sandbox process if this server dies (keeper.py).
+        self.keeper: Keeper | None = None
+        self._retired: list[Keeper] = []
 
     @abc.abstractmethod
     def command(self, spec: SandboxSpec, layout: Layout, ip: str) -> list[str]:
@@ -229,6 +230,11 @@ class Runtime(abc.ABC):
         if sb in self._live:
             self._live.discard(sb)
             self.budget.release()
+        if not self._live and self.keeper is not None:
+            # Nothing left to keep: it exits after one pass; reaped later.
+            self.keeper.release()
+            self._retired.append(self.keeper)
+            self.keeper = None
 
     def _prepare(self, spec: SandboxSpec) -> Sandbox:
         disk = spec.limits.disk_bytes if can_mount() else None
@@ -276,8 +282,10 @@ class Runtime(abc.ABC):
 
     def sandbox_tag(self) -> dict[str, str]:
         """The environment entry every process this runtime launches carries, so the
-        keeper (started here, once) finds it if the server dies."""
-        if self.keeper.pid is None:
+        keeper finds it if the server dies (started here while none runs)."""
+        if self.keeper is None:
+            self._retired = [k for k in self._retired if not k.exited()]
+            self.keeper = Keeper()
             self.keeper.start()
         return {KEEPER_ENV: self.keeper.tag}
 
@@ -337,7 +345,10 @@ class Runtime(abc.ABC):
         live = list(self._live)
         if live:
             await asyncio.gather(*(sb.aclose() for sb in live), return_exceptions=True)
-        await asyncio.to_thread(self.keeper.close)
+        keepers = [*self._retired, *([self.keeper] if self.keeper is not None else [])]
+        self.keeper, self._retired = None, []
+        for keeper in keepers:
+            await asyncio.to_thread(keeper.wait)
 
 
 def join_cgroup_argv(sb: Sandbox) -> list[str]:

@@ -204,6 +204,7 @@ async def test_patch_that_does_not_apply_scores_zero(tmp_path: Any) -> None:
     runtime = get_runtime("bwrap", RuntimeConfig(state_dir=str(tmp_path)))
     async with await runtime.start(SandboxSpec()) as sandbox:
         report = await handler.evaluate(sandbox, task, bogus)
+    await runtime.aclose()
     assert report["reward"] == 0.0 and report["patch_applied"] is False
     assert "patch does not apply" in report["patch_error"]  # git apply, then patch -p1:
     assert "Hunk #1 FAILED" in report["patch_error"]
@@ -222,6 +223,7 @@ async def test_fuzzy_patch_falls_back_to_patch_p1(tmp_path: Any) -> None:
     runtime = get_runtime("bwrap", RuntimeConfig(state_dir=str(tmp_path)))
     async with await runtime.start(SandboxSpec()) as sandbox:
         report = await handler.evaluate(sandbox, task, fuzzy)
+    await runtime.aclose()
     assert report["patch_applied"] and report["patch_method"] == "patch -p1"
     assert report["reward"] == 1.0
 

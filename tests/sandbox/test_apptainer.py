@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -48,14 +49,18 @@ def _double_problem(image: str) -> str | None:
 
 
 @pytest.fixture
-def runtime(config: RuntimeConfig, apptainer_double: Path, image: str) -> ApptainerRuntime:
+async def runtime(
+    config: RuntimeConfig, apptainer_double: Path, image: str
+) -> AsyncIterator[ApptainerRuntime]:
     problem = _double_problem(image)
     require(problem is None, f"the apptainer double runs under bwrap, which fails: {problem}")
     # The double's "image" is the host root, so the tool server runs on the host's Python.
     fields = {f: getattr(config, f) for f in config.__struct_fields__}
-    return ApptainerRuntime(
+    runtime = ApptainerRuntime(
         RuntimeConfig(**{**fields, "image_python": sys.executable, "allow_network": True})
     )
+    yield runtime
+    await runtime.aclose()
 
 
 def _calls(log: Path) -> list[dict[str, object]]:

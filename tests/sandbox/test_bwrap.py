@@ -191,6 +191,7 @@ async def test_failed_start_reports_output_and_cleans_up(config: RuntimeConfig) 
     with pytest.raises(SandboxStartError, match="exited with status .*nonexistent"):
         await bad.start()
     assert bad.live == 0 and bad.records.load() == [] and bad.allocator.in_use() == []
+    await bad.aclose()
 
 
 async def test_bad_spec_is_rejected_before_anything_starts(bwrap: BwrapRuntime) -> None:

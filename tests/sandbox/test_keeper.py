@@ -124,7 +124,7 @@ async def _kill_once(llm: str, where: Path, after_s: float, bwrap: str) -> None:
             job = {"task": "math", "instance": {"problem": "6 * 7?", "answer": "42"}}
             await client.submit_batch([job] * 24)
             await asyncio.sleep(after_s)  # noqa: ASYNC110 - the seeded moment of the kill
-            keeper = [p for p in descendants(proc.pid) if "sandbox.keeper" in cmdline(p)]
+            keeper = [p for p in descendants(proc.pid) if "sandbox/keeper.py" in cmdline(p)]
             assert len(keeper) == 1, [cmdline(p) for p in descendants(proc.pid)]
             entry = f"{ENV}=".encode() + cmdline(keeper[0]).rsplit(" ", 1)[1].encode()
             snapshot = {p: _start_time(p) for p in descendants(proc.pid) if p not in keeper}

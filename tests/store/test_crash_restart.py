@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from prorl_async.client import RolloutClient
+from prorl_async.sandbox.keeper import SWEEP_S
 from prorl_async.scripted_llm import ScriptedLLM
 from prorl_async.scripted_llm.policies import tool_call
 from tests.handlers.policies import require_bwrap, tool_responses
@@ -121,13 +122,20 @@ async def test_kill9_with_every_stage_busy_then_restart(tmp_path: Path, mode: st
         policy.command = "true"  # after the restart the sandbox episodes end at once
         args = ("--runtime", "bwrap", "--on-restart", mode)
         async with server_process(tmp_path, {}, *args) as (proc, url):
-            # start-up cleanup already ran: nothing of the dead server remains
-            alive = [(p, _state(p), cmdline(p)) for p in pids]
+            # start-up cleanup already ran: nothing of the dead server remains but its
+            # keeper, which ends by itself after its sweep (bounded).
+            keepers = {p for p in pids if "sandbox/keeper.py" in cmdline(p)}
+            alive = [(p, _state(p), cmdline(p)) for p in pids - keepers]
             assert [a for a in alive if a[1] not in ("gone", "Z", "X")] == []
             assert [
                 p for k in ("paths", "cgroups", "locks") for p in held[k] if os.path.exists(p)
             ] == []
             assert list((state / "sandboxes").glob("*.json")) == []
+            await eventually(
+                lambda: all(_state(p) in ("gone", "Z", "X") for p in keepers),
+                timeout=SWEEP_S + 5.0,
+                what="the dead server's keeper ends after its sweep",
+            )
             for job_id, body in before.items():
                 assert await _raw(http, url, job_id) == body
             async with RolloutClient(url) as client:
