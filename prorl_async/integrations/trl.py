@@ -168,7 +168,6 @@ class ServiceRollouts:
         self.load_timeout_s, self.max_version_lag = load_timeout_s, max_version_lag
         self.loaded_version: int | None = None
         self.last_results: list[dict[str, Any]] = []
-        self.__name__ = "prorl_async_rollouts"  # TRL and its logs name functions
         self._token = token
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
@@ -377,13 +376,20 @@ def weight_sync_callback(
 
 
 def save_policy(model: Any, path: Path, tokenizer_files: Sequence[str | Path] = ()) -> None:
-    """``model.save_pretrained`` to ``PATH.tmp``, renamed to ``path``: an engine loading it
-    sees a whole checkpoint or none."""
+    """``model.save_pretrained`` to ``PATH.tmp`` (with ``tokenizer_files`` copied in), then
+    renamed over ``path`` (an old one moved aside first): an engine loading it sees a
+    whole checkpoint or none."""
     tmp = path.with_name(path.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(tmp))
+    model.save_pretrained(str(tmp))  # safetensors (transformers 5 writes nothing else)
     for name in tokenizer_files:
         shutil.copyfile(name, tmp / Path(name).name)
-    shutil.rmtree(path, ignore_errors=True)
-    tmp.rename(path)
+    if path.exists():
+        old = path.with_name(path.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+        tmp.rename(path)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(path)

@@ -7,7 +7,6 @@ two sides compute the same numbers and their logprobs agree to ~1e-6.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -61,23 +60,9 @@ def _ready(model: Any) -> Any:
 
 
 def save_checkpoint(model: Any, out: Path, tokenizer_dir: str | None) -> None:
-    """Write weights, config, generation config and the tokenizer files to ``out``.
+    """Write weights, config, generation config and the tokenizer files to ``out``,
+    atomically (``integrations.trl.save_policy``); an existing ``out`` is replaced."""
+    from prorl_async.integrations.trl import save_policy
 
-    Written to ``OUT.tmp`` first and renamed, so a reader (vLLM loading it) sees a whole
-    checkpoint or none; an existing ``out`` is replaced.
-    """
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(tmp))  # safetensors (transformers 5 writes nothing else)
-    if tokenizer_dir is not None:
-        for name in TOKENIZER_FILES:
-            shutil.copyfile(Path(tokenizer_dir) / name, tmp / name)
-    if out.exists():
-        old = out.with_name(out.name + ".old")
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-        tmp.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        tmp.rename(out)
+    files = [Path(tokenizer_dir) / name for name in TOKENIZER_FILES] if tokenizer_dir else []
+    save_policy(model, out, files)

@@ -30,7 +30,7 @@ from prorl_async.integrations.trl import (
 )
 from prorl_async.train_demo import task
 from prorl_async.train_demo.grpo import step_figures
-from prorl_async.train_demo.learner_checkpoint import TOKENIZER_FILES
+from prorl_async.train_demo.learner_checkpoint import TOKENIZER_FILES, load_model
 from prorl_async.trainer import Group
 
 __all__ = ["Spec", "main"]
@@ -152,7 +152,7 @@ def build(spec: Spec, rollouts: ServiceRollouts, clock: Clock) -> Any:
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(spec.threads)
-    model = transformers.Qwen3ForCausalLM.from_pretrained(spec.model_dir, dtype=torch.float32)
+    model = load_model(spec.model_dir)  # fp32, and generation stops at <|im_end|>
     tokenizer = transformers.PreTrainedTokenizerFast.from_pretrained(spec.tokenizer_dir)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = "<|endoftext|>"
@@ -192,22 +192,15 @@ def build(spec: Spec, rollouts: ServiceRollouts, clock: Clock) -> Any:
         clock.fid = fidelity(trainer.model, rollouts.last_results, int(trainer.state.global_step))
         return out
 
-    timed_rollouts.__name__ = "prorl_async_rollouts"
-    if spec.generation == "trl":
-        return GRPOTrainer(
-            model=model,
-            reward_funcs=local_reward,
-            args=args,
-            train_dataset=Dataset.from_list(_jobs(spec)),
-            processing_class=tokenizer,
-        )
+    own = spec.generation == "trl"  # TRL generates; the engine only evaluates
+    service: dict[str, Any] = {} if own else {"rollout_func": timed_rollouts}
     return GRPOTrainer(
         model=model,
-        reward_funcs=service_reward,
+        reward_funcs=local_reward if own else service_reward,
         args=args,
         train_dataset=Dataset.from_list(_jobs(spec)),
         processing_class=tokenizer,
-        rollout_func=timed_rollouts,
+        **service,
     )
 
 
