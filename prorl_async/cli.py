@@ -162,6 +162,13 @@ def _pipeline_flags(g: argparse._ArgumentGroup, d: ServerConfig) -> None:
         help=f"seconds finished results are kept (default {d.retention_s:g})",
     )
     add(
+        "--commit-timeout-s",
+        type=float,
+        metavar="S",
+        help="seconds without a commit of the job store's writer after which submits "
+        f"answer 503 + Retry-After instead of waiting (default {d.commit_timeout_s:g})",
+    )
+    add(
         "--reset-state",
         action="store_true",
         default=None,

@@ -17,6 +17,7 @@ __all__ = [
     "NotFoundError",
     "RolloutClient",
     "RolloutError",
+    "InsufficientStorageError",
     "ServiceUnavailableError",
     "TooManyRequestsError",
     "UnauthorizedError",
@@ -73,7 +74,13 @@ class UnprocessableError(RolloutError):
 
 
 class ServiceUnavailableError(RolloutError):
-    """503: server stopped or admission full; ``retry_after`` says when to try again."""
+    """503: server stopped, admission full, or its job store's writer not committing;
+    ``retry_after`` says when to try again."""
+
+
+class InsufficientStorageError(ServiceUnavailableError):
+    """507: the server's job store cannot write (its disk is full or failing); nothing
+    was created. ``retry_after`` says when to try again (or use another server)."""
 
 
 _ERRORS: dict[int, type[RolloutError]] = {
@@ -87,6 +94,7 @@ _ERRORS: dict[int, type[RolloutError]] = {
     422: UnprocessableError,
     429: TooManyRequestsError,
     503: ServiceUnavailableError,
+    507: InsufficientStorageError,
 }
 _encoder = msgspec.json.Encoder()
 _LARGE_BODY = 512 * 1024

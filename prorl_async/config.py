@@ -72,6 +72,9 @@ class ServerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     store: str = "sqlite"
     # Jobs a dead server accepted and never finished: requeue (run again) or fail them.
     on_restart: str = "requeue"
+    # A commit the sqlite store's writer has not made in this many seconds makes submits
+    # answer 503 + Retry-After (and /healthz 503) instead of waiting for it.
+    commit_timeout_s: float = 30.0
     # Result documents kept in memory by the sqlite store (the rest is read from the file).
     result_cache_bytes: int = 64 * 1024 * 1024
     # Move an unreadable job database aside (renamed with a timestamp) instead of refusing.
@@ -213,7 +216,8 @@ def _check(cfg: ServerConfig) -> None:
         raise ConfigError(f"sandbox_start must be eager or on_first_use, got {cfg.sandbox_start!r}")
     if cfg.result_cache_bytes < 0:
         raise ConfigError(f"result_cache_bytes must be >= 0, got {cfg.result_cache_bytes}")
-    for name in ("default_timeout_s", "max_wait_s", "retention_s", "read_timeout_s", "keepalive_s"):
+    positive = ("default_timeout_s", "max_wait_s", "retention_s", "read_timeout_s", "keepalive_s")
+    for name in (*positive, "commit_timeout_s"):
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name} must be > 0, got {getattr(cfg, name)}")
     try:

@@ -246,6 +246,12 @@ class StoreInfo(msgspec.Struct, frozen=True):
     rows: int
     bytes: int
     cache_bytes: int
+    # The state dir's free bytes (sampled every second; null for the memory store).
+    free_bytes: int | None = None
+    # Commits the storage refused or that failed, and a writer process lost.
+    errors: int = 0
+    # Why the store cannot commit now (the disk, the writer), or null.
+    problem: str | None = None
 
 
 class TenantInfo(msgspec.Struct, frozen=True):

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from prorl_async.api.access import viewer
 from prorl_async.api.openapi import openapi_document
-from prorl_async.core.errors import BadRequest, NotFound, RequestTimeout
+from prorl_async.core.errors import BadRequest, NotFound, RequestTimeout, Unavailable
 from prorl_async.schemas import (
     AddLLMServerRequest,
     BatchRequest,
@@ -209,6 +209,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
+    problem = _service(request).health()
+    if problem is not None:  # alive, but it cannot take jobs durably now
+        raise Unavailable(problem, retry_after=5)
     return _json({"ok": True})
 
 

@@ -16,6 +16,7 @@ import uvloop
 
 from prorl_async.api.app import run_server
 from prorl_async.api.connections import raise_nofile_limit
+from prorl_async.api.routes import SERVICE
 from prorl_async.config import ServerConfig
 from prorl_async.store import StateDirBusy, StoreError
 
@@ -24,8 +25,10 @@ __all__ = ["bind_problem", "serve", "serve_forever", "write_port_file"]
 log = logging.getLogger("prorl_async")
 
 
-async def serve_forever(config: ServerConfig, ready: asyncio.Event | None = None) -> None:
-    """Serve until SIGTERM/SIGINT, then stop intake, cancel and release every job, return."""
+async def serve_forever(config: ServerConfig, ready: asyncio.Event | None = None) -> int:
+    """Serve until SIGTERM/SIGINT, then stop intake, cancel and release every job; returns
+    the exit code: 0, or 1 if the job store's writer process was lost (it stops the
+    server: a restart requeues what was not committed)."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     signals = (signal.SIGTERM, signal.SIGINT)
@@ -33,18 +36,28 @@ async def serve_forever(config: ServerConfig, ready: asyncio.Event | None = None
         # The handler only sets a flag; shutdown runs in order below.
         loop.add_signal_handler(sig, stop.set)
     try:
-        async with run_server(config) as (_, url):
+        async with run_server(config) as (app, url):
             log.info("prorl-async listening on %s (state dir %s)", url, config.state_dir)
             if config.port_file is not None:
                 write_port_file(config.port_file, urlsplit(url).port or 0)
             if ready is not None:
                 ready.set()
-            await stop.wait()
-            log.info("signal received: stopping")
+            lost = app[SERVICE].lost
+            waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(lost.wait())}
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            if lost.is_set():
+                log.error("stopping: %s", app[SERVICE].lost_reason)
+            else:
+                log.info("signal received: stopping")
     finally:
         for sig in signals:
             loop.remove_signal_handler(sig)
     log.info("stopped cleanly")
+    return 1 if lost.is_set() else 0
 
 
 def write_port_file(path: str, port: int) -> None:
@@ -65,7 +78,7 @@ def serve(config: ServerConfig) -> int:
     # Connections, sandboxes, PTYs and kernels all take descriptors: 1,024 is not enough.
     log.info("open-file limit: %d", raise_nofile_limit())
     try:
-        uvloop.run(serve_forever(config))
+        code = uvloop.run(serve_forever(config))
     except (StateDirBusy, StoreError) as exc:
         log.error("refusing to start: %s", exc)
         return 2
@@ -74,7 +87,7 @@ def serve(config: ServerConfig) -> int:
             raise
         sys.stderr.write(f"prorl-async serve: {bind_problem(config.host, config.port, exc)}\n")
         return 2
-    return 0
+    return code
 
 
 def bind_problem(host: str, port: int, exc: OSError) -> str:

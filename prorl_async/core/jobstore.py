@@ -8,6 +8,7 @@ from typing import Protocol
 
 import msgspec
 
+from prorl_async.core.errors import ProblemError
 from prorl_async.core.job import Job
 from prorl_async.core.resultlog import ResultLog
 from prorl_async.notify.sender import Outbox
@@ -17,7 +18,24 @@ from prorl_async.tenancy.config import DEFAULT_TENANT
 # What ``/status`` and ``/metrics`` report about the store.
 StoreStats = StoreInfo
 
-__all__ = ["JobStore", "StoreStats", "UnfinishedRecord"]
+__all__ = ["JobStore", "StoreStats", "StoreUnavailable", "UnfinishedRecord"]
+
+
+class StoreUnavailable(ProblemError):
+    """The store cannot commit now: its storage refuses writes (``cause`` "storage": 507,
+    a full or failing disk) or its writer has not committed for ``commit_timeout_s``
+    (``cause`` "writer": 503). What was written stays queued and is committed once it
+    can be; nothing the store answered for is lost. ``detail`` names the state dir, its
+    free space, or the writer process; the answer carries ``Retry-After``."""
+
+    def __init__(self, cause: str, detail: str, *, retry_after: float = 5.0) -> None:
+        super().__init__(detail, headers={"Retry-After": str(max(1, round(retry_after)))})
+        self.cause = cause
+        if cause == "storage":
+            self.status, self.title = 507, "Insufficient Storage"
+        else:
+            self.status, self.title = 503, "Service Unavailable"
+        self.extra = {"cause": cause}
 
 
 class UnfinishedRecord(msgspec.Struct, frozen=True):
@@ -39,6 +57,12 @@ class JobStore(Protocol):
     store commits each terminal job's entry once its result is durable; ``outbox``
     keeps the callbacks to deliver (written with the result); ``tenant_of`` and
     ``seq_of`` answer for every id the store knows.
+
+    ``sync`` waits for what was written so far to be durable, at most ``commit_timeout_s``;
+    it raises ``StoreUnavailable`` when the store cannot commit (``problem`` says so
+    beforehand, as ``/healthz`` and submits ask); ``check`` (every second, off the
+    request path) samples the state dir's free space and makes an idle writer show
+    that it still answers.
     """
 
     kind: str
@@ -70,4 +94,6 @@ class JobStore(Protocol):
     def freeze(self) -> None: ...
     def flush(self) -> None: ...
     async def sync(self) -> None: ...
+    def problem(self) -> StoreUnavailable | None: ...
+    async def check(self) -> None: ...
     async def aclose(self) -> None: ...

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import time
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -77,6 +78,12 @@ class _LiveCollector(Collector):
         for key, doc in _STORE_GAUGES.items():
             if key in store:
                 yield GaugeMetricFamily(f"prorl_store_{key}", doc, value=store[key])
+        if "errors" in store:
+            yield CounterMetricFamily(
+                "prorl_store_errors",
+                "Commits the storage refused (once per fault) or that failed, and writers lost",
+                value=store["errors"],
+            )
         backends = s.backends()
         inflight = {b["address"]: b["inflight"] for b in backends}
         yield _labelled("prorl_backend_inflight", "Jobs holding each backend", "backend", inflight)
@@ -88,6 +95,8 @@ _STORE_GAUGES = {
     "rows": "Job records in the store (live and retained results)",
     "bytes": "Size of the job store in bytes (database and WAL file, or results held)",
     "cache_bytes": "Bytes of result documents held in memory",
+    "free_bytes": "Free bytes on the state dir's file system (sampled every second)",
+    "unavailable": "1 while the store cannot commit (storage refused, writer stalled)",
 }
 
 
@@ -191,7 +200,20 @@ class Metrics:
             "Tokens an interrupted generation had made, thrown away (on_interrupt=regenerate)",
             registry=self.registry,
         )
+        # How late the server's 1-s heartbeat woke: the longest in the last minute. A
+        # blocked event loop shows here (every request waited as long).
+        self._lags: deque[float] = deque(maxlen=60)
+        self.loop_lag = Gauge(
+            "prorl_loop_lag_seconds",
+            "Longest event-loop lag in the last minute (a 1-s heartbeat's lateness)",
+            registry=self.registry,
+        )
+        self.loop_lag.set_function(lambda: max(self._lags, default=0.0))
         self.registry.register(_LiveCollector(state))
+
+    def lagged(self, seconds: float) -> None:
+        """A heartbeat woke ``seconds`` late."""
+        self._lags.append(max(seconds, 0.0))
 
     # The backend pool's observer (llm.pool.PoolObserver).
     def interrupted(self, tokens_kept: int, tokens_discarded: int) -> None:

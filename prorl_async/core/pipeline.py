@@ -73,6 +73,7 @@ class JobListener(Protocol):
 
     def job_added(self, job: Job) -> None: ...
     def job_ended(self, job: Job) -> None: ...
+    def job_withdrawn(self, job: Job) -> None: ...
 
 
 def _tenant(job: Job) -> str:
@@ -205,6 +206,11 @@ class Pipeline:
     async def _cancel(self, job: Job) -> None:
         if job.terminal:
             return
+        await self._stop_stage(job)
+        self._finish(job, "cancelled")
+
+    async def _stop_stage(self, job: Job) -> None:
+        """Take ``job`` out of its queue or stop its stage task, then release what it holds."""
         job.cancel_requested = True
         self._dequeue(job)
         worker = job.stage_task
@@ -219,7 +225,25 @@ class Pipeline:
             await asyncio.wait((done,))
         # Also covers a stage that had just succeeded (INIT keeps what it holds).
         await self._release(job)
-        self._finish(job, "cancelled")
+
+    async def withdraw(self, job: Job) -> None:
+        """Take back a job whose admission was not acknowledged (its commit did not come
+        in time): it is stopped wherever it is and forgotten as if never submitted (no
+        result, no seq, no tombstone: the same ``job_id`` may be submitted again)."""
+        await asyncio.shield(self._spawn(self._withdraw(job)))
+
+    async def _withdraw(self, job: Job) -> None:
+        if not job.terminal:
+            await self._stop_stage(job)
+        if not job.terminal:
+            job.leave_queue()
+            job.status = "cancelled"
+            job.instance = job.trajectory = job.request = None
+            job.state.clear()
+            for listener in self.listeners:
+                listener.job_withdrawn(job)
+            job.wake_waiters()
+        self.store.delete(job.id)
 
     # -- workers ---------------------------------------------------------------------------
 

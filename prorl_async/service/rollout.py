@@ -37,6 +37,7 @@ from prorl_async.core.errors import (
 )
 from prorl_async.core.handler import AgentHandler, HandlerRegistry, InstanceError
 from prorl_async.core.job import Job, Stage
+from prorl_async.core.jobstore import StoreUnavailable
 from prorl_async.core.metrics import Metrics
 from prorl_async.core.pipeline import Pipeline
 from prorl_async.core.recovery import recover
@@ -69,6 +70,8 @@ log = logging.getLogger(__name__)
 
 # Results the sweeper drops in one loop step at most (~1-2 ms of the loop's time).
 _EXPIRE_SLICE = 512
+# Seconds between two checks of the store's health (free space, an idle writer).
+_WATCH_S = 1.0
 
 
 class RolloutService:
@@ -112,7 +115,14 @@ class RolloutService:
         self.capacity = CapacityView(self.pipeline, lambda: self.shared.runtime, self.autoscaler)
         self.metrics.registry.register(self.capacity)
         self._sweeper: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._budget_wired = False
+        # Set if the job store's writer process is lost: the server then stops (a restart
+        # requeues what was not committed); ``lost_reason`` says what happened.
+        self.lost = asyncio.Event()
+        self.lost_reason: str | None = None
+        if isinstance(self.store, SqliteJobStore):
+            self.store.on_lost = self._store_lost
 
     def _budget(self) -> SandboxBudget | None:
         runtime = self.shared.runtime
@@ -165,6 +175,8 @@ class RolloutService:
             self.autoscaler.start()
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep(), name="retention-sweeper")
+        if self._watcher is None:
+            self._watcher = asyncio.create_task(self._watch(), name="store-watch")
         self.callbacks.start()
 
     async def stop(self) -> None:
@@ -196,11 +208,12 @@ class RolloutService:
         await self.pipeline.aclose()
         self.store.log.close()  # long-polls of /results and /events streams end now
         await self.callbacks.aclose()  # unsent deliveries stay in the outbox
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+        for task in (self._sweeper, self._watcher):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._sweeper = self._watcher = None
         for handler in self.registry.handlers():
             try:
                 await handler.aclose()
@@ -221,6 +234,33 @@ class RolloutService:
             while dropped == _EXPIRE_SLICE:
                 await asyncio.sleep(0)  # a yield to the loop, not a wait
                 dropped = self.store.expire(now, _EXPIRE_SLICE)
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            # A sampling period, not synchronisation: the store's health and the loop's
+            # lag are read on a clock.
+            due = loop.time() + _WATCH_S
+            await asyncio.sleep(_WATCH_S)
+            self.metrics.lagged(loop.time() - due)
+            await self.store.check()
+
+    def _store_lost(self, what: str) -> None:
+        log.critical(
+            "%s: stopping the server; a restart on the same state dir requeues every job "
+            "not committed",
+            what,
+        )
+        self.lost_reason = what
+        self.lost.set()
+
+    def health(self) -> str | None:
+        """Why this server cannot take jobs durably now (``/healthz`` answers 503 with it),
+        or None."""
+        if self.lost_reason is not None:
+            return self.lost_reason
+        problem = self.store.problem()
+        return None if problem is None else problem.detail
 
     # -- submit ----------------------------------------------------------------------------
 
@@ -243,6 +283,9 @@ class RolloutService:
         return owner is not None and owner != tenant
 
     def check_accepting(self, count: int = 1, tenant: str = DEFAULT_TENANT) -> None:
+        fault = self.store.problem()
+        if fault is not None:  # nothing created: the client retries after Retry-After
+            raise fault
         problem = self.tenants.over_quota(tenant, count)
         if problem is not None:
             raise TooManyRequests(problem, retry_after=1)
@@ -320,8 +363,17 @@ class RolloutService:
         self.check_accepting(1, tenant)
         handler, instance = self.prepare(req)
         job = self.create(req, handler, instance, tenant)
-        await self.store.sync()
+        await self._durable([job])
         return SubmitResponse(job_id=job.id, status="queued"), True
+
+    async def _durable(self, jobs: list[Job]) -> None:
+        """Wait for the commit of ``jobs`` (just created); if it cannot come in time, take
+        them back (never acknowledged, never run) and raise ``StoreUnavailable``."""
+        try:
+            await self.store.sync()
+        except StoreUnavailable:
+            await asyncio.gather(*(self.pipeline.withdraw(job) for job in jobs))
+            raise
 
     async def submit_batch(
         self, reqs: list[ProcessRequest], tenant: str = DEFAULT_TENANT
@@ -330,12 +382,12 @@ class RolloutService:
         once every job is durable."""
         if len(reqs) > self.config.max_batch:
             raise PayloadTooLarge(f"jobs: {len(reqs)} jobs, over max_batch={self.config.max_batch}")
-        ids = self._admit_batch(reqs, tenant)
+        ids, created = self._admit_batch(reqs, tenant)
         self.store.flush()  # a batch fills a commit of its own: no need to wait for others
-        await self.store.sync()
+        await self._durable(created)
         return ids
 
-    def _admit_batch(self, reqs: list[ProcessRequest], tenant: str) -> list[str]:
+    def _admit_batch(self, reqs: list[ProcessRequest], tenant: str) -> tuple[list[str], list[Job]]:
         prepared: list[tuple[AgentHandler, Any] | None] = []
         new = 0
         for i, req in enumerate(reqs):
@@ -345,14 +397,15 @@ class RolloutService:
                 prepared.append(self.prepare(req, where=f"jobs[{i}]."))
                 new += 1
         self.check_accepting(new, tenant)
-        ids = []
+        ids, created = [], []
         for req, prep in zip(reqs, prepared, strict=True):
             known = self.existing(req.job_id, tenant)  # a duplicate id later in the same batch
             if known is not None or prep is None:
                 ids.append(known[0] if known else str(req.job_id))
             else:
-                ids.append(self.create(req, *prep, tenant).id)
-        return ids
+                created.append(self.create(req, *prep, tenant))
+                ids.append(created[-1].id)
+        return ids, created
 
     # -- poll ------------------------------------------------------------------------------
 
@@ -393,6 +446,10 @@ class RolloutService:
             await self.wait_any(live, wait)
         done, pending = [], []
         bodies = await self.store.results(known, partial=True)  # committed ones now
+        if not bodies and len(live) < len(known) and isinstance(self.store, SqliteJobStore):
+            # Ended, not committed (the store cannot commit now): wait for it, not spin.
+            await self.store.committing(min(wait, self.config.max_wait_s))
+            bodies = await self.store.results(known, partial=True)
         for job_id in known:
             body = bodies.get(job_id)
             if body is None:
@@ -640,4 +697,5 @@ def _make_store(config: ServerConfig) -> JobStore:
         retention_s=config.retention_s,
         tombstone_s=config.tombstone_s,
         cache_bytes=config.result_cache_bytes,
+        commit_timeout_s=config.commit_timeout_s,
     )

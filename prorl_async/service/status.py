@@ -62,7 +62,13 @@ def _active_counts(svc: Observed) -> dict[str, int]:
 
 def _store_gauges(svc: Observed) -> dict[str, int]:
     st = svc.store.stats()
-    return {"rows": st.rows, "bytes": st.bytes, "cache_bytes": st.cache_bytes}
+    gauges = {"rows": st.rows, "bytes": st.bytes, "cache_bytes": st.cache_bytes}
+    if st.free_bytes is not None:
+        gauges["free_bytes"] = st.free_bytes
+    if st.kind == "sqlite":
+        gauges["errors"] = st.errors
+        gauges["unavailable"] = int(st.problem is not None)
+    return gauges
 
 
 def _enforcement(svc: Observed) -> dict[str, str]:

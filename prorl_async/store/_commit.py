@@ -17,10 +17,19 @@ body (trusted: only the server writes the pipe):
   per key, the latest is run once after them.
 - writer -> server: ``(number, error)`` after each commit: every batch up to ``number``
   is committed (``error`` None) or was rolled back (``error`` the reason); ``(-1,
-  error)`` if the writer itself fails (it cannot open the file, say) and exits.
+  error)`` if the writer itself fails (it cannot open the file, say) and exits; ``(-2,
+  error)`` when a commit failed for want of storage (see below).
 
 The writer takes every batch that has arrived, commits them in one transaction (one
 fsync), answers, and repeats; at end of input it commits what arrived and exits.
+
+A commit that fails because the storage does (the disk or quota is full, an I/O error:
+SQLite's FULL, IOERR and CANTOPEN, or the same ``OSError``) is not a wrong statement: the
+writer keeps those batches, says ``(-2, error)`` once, and tries the whole of what it
+holds again every ``_RETRY_S`` (taking in the batches that arrive meanwhile) until a
+commit goes through, which it answers as usual. Nothing handed to it is dropped while it
+runs; if its input ends first it tries once more and exits, and what it could not commit
+was never acknowledged (a job's row then stays unfinished and is requeued at restart).
 
 Checkpoints (copying the WAL into the database file) run in a thread of the writer with a
 connection of its own, never inside a commit: SQLite's automatic checkpoint runs in the
@@ -31,8 +40,10 @@ commit, once every ~20 commits under load).
 
 from __future__ import annotations
 
+import errno
 import marshal
 import os
+import select
 import signal
 import sqlite3
 import struct
@@ -44,9 +55,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pathlib import Path
 
-__all__ = ["STATEMENT_CACHE", "RowKind", "checkpoint", "connect", "execute", "frame", "frames"]
+__all__ = [
+    "FAILED",
+    "STATEMENT_CACHE",
+    "STORAGE",
+    "RowKind",
+    "checkpoint",
+    "connect",
+    "execute",
+    "frame",
+    "frames",
+    "storage_failed",
+]
 
 Statement = tuple[str, tuple[Any, ...] | list[tuple[Any, ...]]]
+# A batch as the writer takes it: (number, statements, last).
+_Taken = tuple[int, list[Statement], list[tuple[str, str, tuple[Any, ...]]]]
 _LEN = struct.Struct("<I")
 # Rows per multi-row statement at most: 256 rows of 6 parameters stay far below SQLite's
 # limit of 32,766 (999 before 3.32, where only DELETE ... IN has a multi-row form).
@@ -63,6 +87,13 @@ _CHECKPOINT_ROWS = 4000
 _WAL_CAP_PAGES = 4096
 # A WAL file longer than this is truncated to it when the WAL restarts (bytes).
 _WAL_LIMIT_BYTES = 16 << 20
+# Seconds between two tries of a commit the storage refused (see the module doc).
+_RETRY_S = 0.5
+# SQLite's primary result codes of a storage that fails (not of a wrong statement).
+_STORAGE_CODES = frozenset({10, 13, 14})  # SQLITE_IOERR, SQLITE_FULL, SQLITE_CANTOPEN
+_STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS})
+# The frame numbers that are not a commit's answer.
+FAILED, STORAGE = -1, -2
 
 
 class RowKind:
@@ -251,17 +282,30 @@ def serve(path: str) -> None:
     buf = bytearray()
     view = memoryview(bytearray(1 << 20))  # one buffer for every read, not 1 MiB a read
     kinds: dict[str, RowKind] | None = None
+    held: list[_Taken] = []  # batches the storage refused, tried again with the next ones
+    refused = False  # the server was told the storage refused a commit
     try:
         while True:
-            n = os.readv(0, [view])  # what is in the pipe (blocks only while it is empty)
-            buf += view[:n]
-            taken = list(frames(buf))
+            # While batches are held, wait for input at most until the next try.
+            if held and not select.select([0], [], [], _RETRY_S)[0]:
+                n = -1  # no input: only the retry
+            else:
+                n = os.readv(0, [view])  # what is in the pipe (blocks only while it is empty)
+                buf += view[:n]
+            taken = list(frames(buf)) if n > 0 else []
             if kinds is None and taken:
                 kinds = {spec[0]: RowKind.from_spec(spec) for spec in taken.pop(0)}
-            if taken:
+            held += taken
+            if held:
                 assert kinds is not None
-                _write_all(1, frame(_commit(conn, kinds, taken)))
-                checkpointer.committed(conn)
+                number, error, storage = _commit(conn, kinds, held)
+                if not storage:
+                    held, refused = [], False
+                    _write_all(1, frame((number, error)))
+                    checkpointer.committed(conn)
+                elif not refused:  # said once per fault, not at every try
+                    refused = True
+                    _write_all(1, frame((STORAGE, error)))
             if not n:
                 return
     finally:
@@ -270,10 +314,10 @@ def serve(path: str) -> None:
 
 
 def _commit(
-    conn: sqlite3.Connection,
-    kinds: dict[str, RowKind],
-    taken: list[tuple[int, list[Statement], list[tuple[str, str, tuple[Any, ...]]]]],
-) -> tuple[int, str | None]:
+    conn: sqlite3.Connection, kinds: dict[str, RowKind], taken: list[_Taken]
+) -> tuple[int, str | None, bool]:
+    """Commit ``taken`` in one transaction: (the last batch's number, the error or None,
+    whether the error is the storage's: those batches are to be tried again)."""
     statements: list[Statement] = []
     last: dict[str, tuple[str, tuple[Any, ...]]] = {}
     for _, batch, batch_last in taken:
@@ -286,8 +330,16 @@ def _commit(
             for sql, params in last.values():
                 conn.execute(sql, params)
     except Exception as exc:  # any: the server must hear about every batch
-        return taken[-1][0], f"{type(exc).__name__}: {exc}"
-    return taken[-1][0], None
+        return taken[-1][0], f"{type(exc).__name__}: {exc}", storage_failed(exc)
+    return taken[-1][0], None, False
+
+
+def storage_failed(exc: BaseException) -> bool:
+    """Whether ``exc`` says the storage failed (full, an I/O error), not the statement."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF in _STORAGE_CODES
+    return isinstance(exc, OSError) and exc.errno in _STORAGE_ERRNOS
 
 
 def main() -> None:

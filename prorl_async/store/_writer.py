@@ -13,7 +13,16 @@ interpreter lock stalled the loop). The process belongs to the ``Writer``: ``acl
 commits what is queued and reaps it; if the server dies, the writer reads the end of
 its input, commits the batches that arrived whole, and exits. If the writer dies, every
 batch not yet answered and every later write fail with ``StoreWriteError``: nothing
-waits for an answer that cannot come.
+waits for an answer that cannot come, and ``on_lost`` is told (the server stops: a
+restart requeues what was not committed).
+
+Faults with bounded answers (``problem``): the storage refused a commit (the writer
+holds those batches and tries again until it goes through: ``refused``), or the oldest
+batch handed over has had no answer for ``commit_timeout_s`` (the process is stopped or
+stuck in the file system). ``sync`` then raises ``StoreUnavailable`` at once, and a
+``sync`` under way when a fault is reported returns with it, or after
+``commit_timeout_s`` at most: its statements stay queued and are committed once the
+writer can, but nobody waits for that.
 """
 
 from __future__ import annotations
@@ -30,8 +39,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from prorl_async.core.jobstore import StoreUnavailable
 from prorl_async.store import _commit
-from prorl_async.store._commit import RowKind, frame, frames
+from prorl_async.store._commit import FAILED, STORAGE, RowKind, frame, frames
 
 __all__ = ["StoreWriteError", "Writer"]
 
@@ -49,7 +59,16 @@ class StoreWriteError(RuntimeError):
 
 
 class _Batch:
-    __slots__ = ("statements", "waiters", "after", "gathered", "done", "error", "number")
+    __slots__ = (
+        "statements",
+        "waiters",
+        "after",
+        "gathered",
+        "done",
+        "error",
+        "number",
+        "sent_at",
+    )
 
     def __init__(self) -> None:
         self.statements: list[Statement] = []
@@ -61,6 +80,7 @@ class _Batch:
         self.after: list[tuple[Callable[[bool], None], bool]] = []
         self.gathered: dict[str, list[Any]] = {}  # Writer.gather's lists, by key
         self.number = 0
+        self.sent_at = 0.0  # loop time when handed to the writer
 
 
 class Writer:
@@ -71,8 +91,18 @@ class Writer:
         path: str | Path,
         loop: asyncio.AbstractEventLoop,
         kinds: Sequence[RowKind] = (),
+        *,
+        commit_timeout_s: float = 30.0,
+        on_lost: Callable[[str], None] | None = None,
     ) -> None:
         self._loop = loop
+        self.commit_timeout_s = commit_timeout_s
+        self.on_lost = on_lost
+        # The storage's error while the writer holds batches it could not commit.
+        self.refused: str | None = None
+        # Commits the storage refused (once per fault) or that failed, and a writer lost.
+        self.errors = 0
+        self._answer_waiters: list[asyncio.Future[None]] = []  # see ``next_answer``
         self._batch: _Batch | None = None
         self._last: dict[str, Statement] = {}
         self._sent: deque[_Batch] = deque()  # sent, not yet answered, in order
@@ -163,16 +193,76 @@ class Writer:
         return items
 
     async def sync(self) -> None:
-        """Return once every statement queued so far is committed; raise if the commit failed."""
+        """Return once every statement queued so far is committed; raise if the commit
+        failed, or ``StoreUnavailable`` if it cannot come now (see the module doc)."""
         batch = self._batch if self._batch is not None else self._handed
         if batch is None:
             return
         if not batch.done:
+            fault = self.problem()
+            if fault is not None:
+                raise fault
             waiter = self._loop.create_future()
             batch.waiters.append(waiter)
-            await waiter
+            try:
+                async with asyncio.timeout(self.commit_timeout_s):
+                    await waiter  # woken by the commit, or by a fault reported
+            except TimeoutError:
+                pass
+            finally:
+                if not waiter.done():
+                    batch.waiters.remove(waiter)
+            if not batch.done:
+                raise self.problem() or self._unavailable(
+                    "writer", f"no commit in {self.commit_timeout_s:g} s (commit_timeout_s)"
+                )
         if batch.error is not None:
             raise batch.error
+
+    def problem(self) -> StoreUnavailable | None:
+        """Why a commit cannot come now, or None: the writer is gone, the storage refuses
+        it, or the oldest batch handed over has waited ``commit_timeout_s`` for it."""
+        if self._broken is not None and not self._closed:
+            return self._unavailable("writer", str(self._broken))
+        if self.refused is not None:
+            return self._unavailable("storage", self.refused)
+        waited = self.waited()
+        if waited >= self.commit_timeout_s:
+            return self._unavailable(
+                "writer",
+                f"job store writer process {self._proc.pid} has not committed for "
+                f"{waited:.0f} s (commit_timeout_s={self.commit_timeout_s:g})",
+            )
+        return None
+
+    def waited(self) -> float:
+        """Seconds the oldest batch handed over has waited for its answer (0: none waits)."""
+        if not self._sent:
+            return 0.0
+        return self._loop.time() - self._sent[0].sent_at
+
+    def ping(self) -> None:
+        """Hand over an empty batch if none is waiting: a writer that no longer answers
+        shows as one when nothing is being written, too."""
+        if not self._sent and self._batch is None and not self._closed and not self._broken:
+            self._current()
+
+    async def next_answer(self, timeout: float) -> None:
+        """Return at the writer's next answer to a commit, or after ``timeout`` seconds
+        (for a long-poll waiting out a fault)."""
+        waiter = self._loop.create_future()
+        self._answer_waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                await waiter
+        except TimeoutError:
+            pass
+        finally:
+            if not waiter.done():
+                self._answer_waiters.remove(waiter)
+
+    def _unavailable(self, cause: str, what: str) -> StoreUnavailable:
+        return StoreUnavailable(cause, what, retry_after=5.0)
 
     async def aclose(self) -> None:
         """Commit what is queued, end the process. Idempotent."""
@@ -206,6 +296,7 @@ class Writer:
         if batch is None or batch.done:
             return
         batch.number = self.next_batch
+        batch.sent_at = self._loop.time()
         self.next_batch += 1
         self._handed = batch
         last, self._last = self._last, {}
@@ -268,25 +359,51 @@ class Writer:
             return
         self._in += data
         for number, reason in frames(self._in):
-            if number < 0:  # the writer itself failed and exits
+            if number == STORAGE:  # it holds the batches and tries again
+                self._refused(reason)
+                continue
+            if number == FAILED:  # the writer itself failed and exits
                 self._fail(f"failed: {reason}")
                 continue
+            if self.refused is not None:
+                log.warning("job store: commits go through again (held: %s)", self.refused)
+                self.refused = None
             failed = None
             if reason is not None:
                 failed = StoreWriteError(f"job store commit failed: {reason}")
+                self.errors += 1
                 log.error("%s", failed)
             done: list[_Batch] = []
             while self._sent and self._sent[0].number <= number:
                 done.append(self._sent.popleft())
             self.settled = max(self.settled, number)
             _resolve(done, failed)
+            waiters, self._answer_waiters = self._answer_waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    def _refused(self, reason: str) -> None:
+        """The storage refused a commit: the writer holds it; wake every ``sync`` under
+        way (they answer with the fault; their statements stay queued)."""
+        self.errors += 1
+        self.refused = f"the storage refused a commit ({reason}); held and tried again"
+        log.error("job store: %s", self.refused)
+        for batch in (*self._sent, *([self._batch] if self._batch is not None else [])):
+            waiters, batch.waiters = batch.waiters, []
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _fail(self, what: str) -> None:
         """The writer is gone: fail everything unanswered and every later write."""
         if self._broken is None:
             self._broken = StoreWriteError(f"job store writer process {self._proc.pid} {what}")
             if not self._closed:
+                self.errors += 1
                 log.error("%s", self._broken)
+                if self.on_lost is not None:
+                    self._loop.call_soon(self.on_lost, str(self._broken))
         self._stop_writing()
         self._out.clear()
         self._wake_drained()

@@ -10,7 +10,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 
 from prorl_async.core.job import Job
-from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
+from prorl_async.core.jobstore import StoreStats, StoreUnavailable, UnfinishedRecord
 from prorl_async.core.resultlog import ResultLog
 from prorl_async.notify.memory import MemoryOutbox
 from prorl_async.store._tombstones import Tombstones
@@ -136,6 +136,13 @@ class MemoryJobStore:
 
     async def sync(self) -> None:
         """Nothing to make durable."""
+
+    def problem(self) -> StoreUnavailable | None:
+        """Never: nothing is written."""
+        return None
+
+    async def check(self) -> None:
+        """Nothing to watch."""
 
     async def aclose(self) -> None:
         """Nothing to close."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import sys
 import time
@@ -23,7 +24,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from prorl_async.core.job import Job
-from prorl_async.core.jobstore import StoreStats, UnfinishedRecord
+from prorl_async.core.jobstore import StoreStats, StoreUnavailable, UnfinishedRecord
 from prorl_async.core.resultlog import ResultLog
 from prorl_async.store import _resultlog
 from prorl_async.store._commit import RowKind
@@ -121,9 +122,22 @@ class SqliteJobStore:
     kind = "sqlite"
 
     def __init__(
-        self, *, path: str | Path, retention_s: float, tombstone_s: float, cache_bytes: int
+        self,
+        *,
+        path: str | Path,
+        retention_s: float,
+        tombstone_s: float,
+        cache_bytes: int,
+        commit_timeout_s: float = 30.0,
     ) -> None:
         self.path = Path(path)
+        self.commit_timeout_s = commit_timeout_s
+        # Told once if the writer process is lost (the server then stops: see _writer.py).
+        self.on_lost: Callable[[str], None] | None = None
+        # The state dir's free bytes at the last ``check`` (None before the first).
+        self.free_bytes: int | None = None
+        self._sampling: asyncio.Future[os.statvfs_result] | None = None
+        self._said: str | None = None  # the fault last logged by ``check``
         self.retention_s = retention_s
         self.tombstone_s = tombstone_s
         self.cache_limit = cache_bytes
@@ -169,7 +183,13 @@ class SqliteJobStore:
                 "move it away or start with --reset-state to set it aside"
             ) from None
         try:
-            self._writer = Writer(self.path, asyncio.get_running_loop(), (*_ROWS, FORGET_ROWS))
+            self._writer = Writer(
+                self.path,
+                asyncio.get_running_loop(),
+                (*_ROWS, FORGET_ROWS),
+                commit_timeout_s=self.commit_timeout_s,
+                on_lost=self._lost,
+            )
         except OSError as exc:
             reader.close()
             raise StoreError(f"cannot start the writer process of {self.path}: {exc}") from None
@@ -253,7 +273,12 @@ class SqliteJobStore:
             else:
                 found[job_id] = body
         if held and not (partial and (found or missing)):
-            await self.sync()  # before reading the file, too: the row is there once committed
+            try:
+                await self.sync()  # before reading the file, too: the row is there once committed
+            except StoreUnavailable:
+                if not partial:
+                    raise
+                held = []  # not committed now: a poll lists them pending
             settled = writer.settled if writer is not None else sys.maxsize
             for job_id in held:
                 record = done.get(job_id)
@@ -289,7 +314,69 @@ class SqliteJobStore:
 
     def stats(self) -> StoreStats:
         size = sum(_size(self.path.with_name(self.path.name + s)) for s in ("", "-wal"))
-        return StoreStats(kind=self.kind, rows=len(self), bytes=size, cache_bytes=self._cache_bytes)
+        problem = self.problem()
+        return StoreStats(
+            kind=self.kind,
+            rows=len(self),
+            bytes=size,
+            cache_bytes=self._cache_bytes,
+            free_bytes=self.free_bytes,
+            errors=0 if self._writer is None else self._writer.errors,
+            problem=None if problem is None else problem.detail,
+        )
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def problem(self) -> StoreUnavailable | None:
+        """Why a write cannot be committed now (its detail names the state dir and its
+        free space, or the writer process), or None."""
+        writer = self._writer
+        fault = None if writer is None else writer.problem()
+        if fault is None or fault.cause != "storage":
+            return fault
+        free = "unknown" if self.free_bytes is None else f"{self.free_bytes} bytes"
+        return StoreUnavailable(
+            "storage",
+            f"the job store cannot write to state dir {self.path.parent} ({free} free): "
+            f"{fault.detail}; free space there (or give the server another --state-dir)",
+            retry_after=5.0,
+        )
+
+    async def check(self) -> None:
+        """Sample the state dir's free space (in a thread: a stuck file system must not
+        stop the loop; one sample at a time), make an idle writer answer, and log a
+        fault once when it starts and once when it ends."""
+        writer = self._writer
+        if writer is None:
+            return
+        writer.ping()
+        if self._sampling is None or self._sampling.done():
+            self._sampling = asyncio.ensure_future(asyncio.to_thread(os.statvfs, self.path.parent))
+            self._sampling.add_done_callback(self._sampled)
+        problem = self.problem()
+        said = None if problem is None else problem.cause
+        if said != self._said:
+            if problem is not None:
+                log.error("job store unavailable: %s", problem.detail)
+            else:
+                log.warning("job store available again (was: %s)", self._said)
+            self._said = said
+
+    async def committing(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) for the writer's next commit, if the store cannot
+        commit now; return at once otherwise."""
+        if self._writer is not None and self.problem() is not None:
+            await self._writer.next_answer(timeout)
+
+    def _sampled(self, done: asyncio.Future[os.statvfs_result]) -> None:
+        if done.cancelled() or done.exception() is not None:
+            return
+        st = done.result()
+        self.free_bytes = st.f_bavail * st.f_frsize
+
+    def _lost(self, what: str) -> None:
+        if self.on_lost is not None:
+            self.on_lost(what)
 
     # -- writes --------------------------------------------------------------------------------
 
@@ -387,9 +474,13 @@ class SqliteJobStore:
             self._writer.cut(0)
 
     async def sync(self) -> None:
-        """Wait until every write issued so far is committed to the file."""
+        """Wait until every write issued so far is committed to the file; raise
+        ``StoreUnavailable`` (see ``problem``) if that cannot be now."""
         if self._writer is not None:
-            await self._writer.sync()
+            try:
+                await self._writer.sync()
+            except StoreUnavailable as exc:
+                raise (self.problem() or exc) from None
 
     async def aclose(self) -> None:
         """Commit what is queued and close the file. Idempotent."""

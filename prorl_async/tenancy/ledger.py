@@ -105,6 +105,10 @@ class Tenants:
         self.inflight[job.tenant] -= 1
         self.ended[job.tenant][job.status] += 1
 
+    def job_withdrawn(self, job: _TenantJob) -> None:
+        """A job taken back before its admission was acknowledged: never counted as ended."""
+        self.inflight[job.tenant] -= 1
+
     def names(self) -> list[str]:
         """Configured tenants and any other that has had jobs here."""
         return list(dict.fromkeys([*self.by_name, *self.inflight, *self.ended]))
