@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -486,5 +487,34 @@ async def test_a_partial_read_answers_committed_results_now_and_waits_only_if_no
         assert len(done) == 2
         answers = sorted((read.result() for read in done), key=len)
         assert answers == [{j.id: j.result for j in jobs[3:]}, {j.id: j.result for j in jobs}]
+    finally:
+        await store.aclose()
+
+
+async def test_the_memory_bound_drops_oldest_first_and_expiry_leaves_no_index_behind(
+    tmp_path: Path,
+) -> None:
+    """The cached documents are dropped oldest first once over the bound; and once every
+    result has expired, nothing of them is left in memory (the index of cached documents
+    included): the store's memory does not grow with the jobs it has seen."""
+    path = tmp_path / "jobs.sqlite3"
+    store = SqliteJobStore(path=path, retention_s=600, tombstone_s=600, cache_bytes=300)
+    store.open()
+    try:
+        jobs = [_ended(i, callback=False) for i in range(20)]
+        for job in jobs:
+            store.add(job)
+        for i, job in enumerate(jobs):  # 50 bytes each: six fit in the bound
+            job.status, job.result, job.seq = "done", b"%050d" % i, i + 1
+            store.finished(job)
+        await store.sync()
+        kept = {j for j, rec in store._done.items() if rec[4] is not None}
+        assert kept == {job.id for job in jobs[-6:]}
+        assert store.stats().cache_bytes == 300
+        got = await store.results([job.id for job in jobs])  # the rest from the file
+        assert got == {job.id: job.result for job in jobs}
+        assert store.expire(time.monotonic() + 601) == len(jobs)
+        assert (len(store._done), len(store._expiry), len(store._cached)) == (0, 0, 0)
+        assert store.stats().cache_bytes == 0
     finally:
         await store.aclose()
