@@ -472,7 +472,18 @@ async def main() -> None:
     ap.add_argument("--baseline", help="a checkout to compare against, paired (see above)")
     ap.add_argument("--pair-single", type=int, default=2_000, help="single submits per burst")
     ap.add_argument("--pair-jobs", type=int, default=5_000, help="jobs per end-to-end burst")
+    ap.add_argument(
+        "--retained",
+        type=int,
+        default=500_000,
+        help="results a kept server holds against a fresh one, paired (0: skip)",
+    )
+    ap.add_argument("--retained-pairs", type=int, default=8, help="paired bursts, kept vs fresh")
+    ap.add_argument("--retained-only", action="store_true", help="run only the retained case")
     args = ap.parse_args()
+    if args.retained_only:
+        await retained(args)
+        return
     if args.pairs:
         paired_figs = await paired(args)
         paired_report(args, paired_figs)
@@ -503,6 +514,48 @@ async def main() -> None:
         print(
             f"RSS with the results retained, sqlite / memory: {rss['sqlite'] / rss['memory']:.2f}"
         )
+    if args.retained:
+        await retained(args)
+
+
+async def retained(args: argparse.Namespace) -> None:
+    """End to end with ``--inflight`` zero-length jobs on the durable store: a server that
+    keeps ``--retained`` finished results (retention longer than the run) against a fresh
+    one, in alternating bursts of ``--jobs`` (a new fresh server for each: it keeps only its
+    own burst). The ratio is kept / fresh per pair; its median, and the CPU per job."""
+    env = {"PRORL_RETENTION_S": "86400"}
+    workers = ("--init-workers", "256", "--run-workers", "256", "--eval-workers", "256")
+    rates: dict[str, list[float]] = {"kept": [], "fresh": []}
+    cpus: dict[str, list[float]] = {"kept": [], "fresh": []}
+    async with server(*workers, env=env) as (kept_pid, kept_url), RolloutClient(kept_url) as kept:
+        t0 = time.perf_counter()
+        for _ in range(0, args.retained, args.jobs):  # fill it
+            await closed_loop(kept, args.jobs, args.inflight, {})
+        held = (await kept.status())["records"]
+        print(f"\nretained results: {held:,} kept ({time.perf_counter() - t0:.0f} s to fill)")
+        for i in range(args.retained_pairs):
+            async with server(*workers, env=env) as (fresh_pid, fresh_url):
+                async with RolloutClient(fresh_url) as fresh:
+                    order = [("kept", kept, kept_pid), ("fresh", fresh, fresh_pid)]
+                    for name, client, pid in order if i % 2 else order[::-1]:
+                        cpu0 = cpu_seconds(pid)
+                        rate, _ = await closed_loop(client, args.jobs, args.inflight, {})
+                        rates[name].append(rate)
+                        cpus[name].append((cpu_seconds(pid) - cpu0) / args.jobs)
+        held = (await kept.status())["records"]
+    ratios = [k / f for k, f in zip(rates["kept"], rates["fresh"], strict=True)]
+    cpu = [k / f for k, f in zip(cpus["kept"], cpus["fresh"], strict=True)]
+    med = statistics.median
+    print(
+        f"end to end, {args.inflight} in flight, sqlite, {args.retained_pairs} pairs of "
+        f"{args.jobs:,} jobs: kept {med(rates['kept']):,.0f} jobs/s (holding {args.retained:,}"
+        f" to {held:,}), fresh {med(rates['fresh']):,.0f} jobs/s"
+    )
+    print(
+        f"  kept / fresh: throughput {med(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}], "
+        f"CPU per job {med(cpu):.2f} ({med(cpus['kept']) * 1e6:.0f} vs "
+        f"{med(cpus['fresh']) * 1e6:.0f} us); within 10%: {met(med(ratios) >= 0.9)}"
+    )
 
 
 def keep_best(old: dict[str, float] | None, new: dict[str, float]) -> dict[str, float]:
