@@ -259,7 +259,9 @@ async def test_a_full_disk_answers_507_keeps_every_acknowledged_job_and_recovers
             assert _metric(metrics, "prorl_store_errors_total") >= 1.0
             assert _metric(metrics, "prorl_store_free_bytes") < 1 << 20
             # The loop served throughout: it never waited for the disk.
-            assert _metric(metrics, "prorl_loop_lag_seconds") < COMMIT_TIMEOUT_S
+            lag = _metric(metrics, "prorl_loop_lag_seconds")
+            print(f"loop lag, disk full: {lag * 1e3:.1f} ms")  # a figure for docs, not a test
+            assert lag < COMMIT_TIMEOUT_S
 
             disk.free()
 
@@ -339,7 +341,9 @@ async def test_a_stopped_writer_is_answered_503_within_the_bound_and_loses_nothi
                 assert (await _get(http, url, "/jobs/before-0"))[0] == 200
                 _, metrics = await _get(http, url, "/metrics")
                 assert _metric(metrics, "prorl_store_unavailable") == 1.0
-                assert _metric(metrics, "prorl_loop_lag_seconds") < COMMIT_TIMEOUT_S
+                lag = _metric(metrics, "prorl_loop_lag_seconds")
+                print(f"loop lag, writer stopped: {lag * 1e3:.1f} ms")
+                assert lag < COMMIT_TIMEOUT_S
 
                 # Logged once when it began, not at every refused submit.
                 def said() -> list[str]:
