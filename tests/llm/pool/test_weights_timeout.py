@@ -60,7 +60,7 @@ class Stoppable:
             return doc
 
     async def loading(self, path: str) -> bool:
-        return (await self.weights())["loading"] == path
+        return bool((await self.weights())["loading"] == path)
 
 
 @contextlib.asynccontextmanager
@@ -189,7 +189,8 @@ async def test_set_weights_raises_naming_the_engine_and_a_later_load_is_deferred
     start_llm: StartLLM, make_server: ServerFactory, tmp_path: Path
 ) -> None:
     other = await start_llm()
-    (tmp_path / "v2").mkdir(), (tmp_path / "v3").mkdir()
+    for name in ("v2", "v3"):
+        (tmp_path / name).mkdir()
     first, second = checkpoint(tmp_path / "v2"), checkpoint(tmp_path / "v3")
     async with (
         stoppable() as engine,
