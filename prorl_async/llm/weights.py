@@ -45,11 +45,24 @@ from prorl_async.llm.backend import Backend, PoolConfig
 from prorl_async.llm.checkpoint import checkpoint_problem
 from prorl_async.llm.engines import (
     EngineError,
-    EngineUnavailable,
     engine_pause,
     engine_reload,
     engine_resume,
     engine_set_version,
+)
+from prorl_async.llm.weight_outcomes import (
+    EngineTimeout,
+    LoadResult,
+    Resync,
+    Version,
+    WeightsError,
+    deferred,
+    error_texts,
+    gather_errors,
+    load_results,
+    merge_errors,
+    resync_doc,
+    weights_failure,
 )
 from prorl_async.util.timer import PausableTimer
 
@@ -65,7 +78,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 PauseMode = Literal["abort", "keep", "wait"]
-Version = int | str | None
 
 
 class _Observer(Protocol):
@@ -84,46 +96,6 @@ class _Pool(Protocol):
     def poke(self) -> None: ...
     def lost(self, b: Backend, why: str) -> None: ...
     def revive(self, b: Backend) -> None: ...
-
-
-class WeightsError(Exception):
-    """A weight operation failed: ``status`` 422 (refused, nothing touched), 502 (an engine
-    failed) or 504 (an engine did not answer within ``pool.weights_timeout_s``);
-    ``detail`` names the backend and the cause; ``body`` the full answer."""
-
-    def __init__(self, status: int, detail: str, body: dict[str, Any] | None = None) -> None:
-        super().__init__(detail)
-        self.status, self.detail, self.body = status, detail, body or {}
-
-
-class EngineTimeout(EngineUnavailable):
-    """An engine gave no answer to a weight call within its bound."""
-
-    def __init__(self, address: str, op: str, timeout_s: float) -> None:
-        super().__init__(
-            address, f"no answer to {op} within {timeout_s:g} s (pool.weights_timeout_s)"
-        )
-
-
-class LoadResult(msgspec.Struct):
-    load_s: float | None = None
-    ok: bool = False
-    error: str | None = None
-    timed_out: bool = False
-    """No answer within ``pool.weights_timeout_s``: the backend is out of rotation."""
-    deferred: bool = False
-    """Out of rotation since an earlier timeout: loads this before it serves again."""
-
-
-class Resync(msgspec.Struct):
-    """What a lost backend is given before it serves again (``GET /weights`` ``resync``)."""
-
-    version: Version
-    path: str | None = None
-    """A checkpoint to load first (the last load it missed), or none."""
-    paused: bool = False
-    """Left paused (the others are), else resumed."""
-    reason: str = ""
 
 
 class WeightUpdates:
@@ -270,7 +242,7 @@ class WeightUpdates:
             live = self._live(backends, paused=True)
             interrupted, errors = await self._pause(mode, live, None, None)
         if errors:
-            raise _failure("pause", errors, {"errors": _texts(errors)})
+            raise weights_failure("pause", errors, {"errors": error_texts(errors)})
         return {"paused": [b.address for b in backends], "interrupted": interrupted}
 
     async def _pause(
@@ -286,7 +258,7 @@ class WeightUpdates:
                 interrupted += len(b.open_calls)
             if mode == "keep":  # the engine freezes them: not their jobs' time
                 self._frozen[b.address] = _pause_timers(b)
-        errors = await _each(todo, lambda b: self._native_pause(b, mode))
+        errors = await gather_errors(todo, lambda b: self._native_pause(b, mode))
         # A lost engine missed this pause (alone: left paused) or this load.
         self._settle(
             errors,
@@ -295,7 +267,7 @@ class WeightUpdates:
         )
         failed = [b for b in todo if b.address in errors and not self.pending(b)]
         if failed:  # leave nothing half-paused: those engines take requests again
-            errors = _merge(errors, await self._resume(None, failed))
+            errors = merge_errors(errors, await self._resume(None, failed))
         return interrupted, errors
 
     def _mark_paused(self, b: Backend) -> None:
@@ -331,7 +303,7 @@ class WeightUpdates:
             live = self._live(backends, **missed)
             errors = await self._resume(version, [b for b in live if b.paused])
         if errors:
-            raise _failure("resume", errors, {"errors": _texts(errors)})
+            raise weights_failure("resume", errors, {"errors": error_texts(errors)})
         return {"resumed": [b.address for b in backends], "version": version}
 
     async def _resume(self, version: Version, backends: list[Backend]) -> dict[str, Exception]:
@@ -347,7 +319,7 @@ class WeightUpdates:
 
             await self._bounded(b, "resume", call(), self._limit())
 
-        errors = await _each(backends, one)
+        errors = await gather_errors(backends, one)
         # Its weight_version is changed only to a new ``version`` (set before the call).
         self._settle(errors, backends, lambda b: Resync(b.weight_version))
         for b in backends:
@@ -380,24 +352,23 @@ class WeightUpdates:
                 raise WeightsError(422, problem)
             t0 = time.monotonic()
             live = self._live(backends, version=version, path=path, paused=False)
-            results = {b.address: _deferred(self._resync.get(b.address)) for b in backends}
+            results = {b.address: deferred(self._resync.get(b.address)) for b in backends}
             _, errors = await self._pause(mode, live, version, path)
             paused = [b for b in live if b.address not in errors]
-            loads = await _each(paused, lambda b: self._load_one(b, path, version, results))
+            loads = await gather_errors(paused, lambda b: self._load_one(b, path, version, results))
             self._settle(loads, paused, lambda b: Resync(version, path))
             ok = [b for b in paused if b.address not in loads]
             failed = [b for b in paused if b.address in loads and not self.pending(b)]
-            errors = _merge(_merge(errors, loads), await self._resume(version, ok))
-            errors = _merge(errors, await self._resume(None, failed))  # old weights and version
-            for address, exc in errors.items():
-                results[address] = LoadResult(error=str(exc), timed_out=_timed_out(exc))
+            errors = merge_errors(merge_errors(errors, loads), await self._resume(version, ok))
+            errors = merge_errors(errors, await self._resume(None, failed))  # at the old one
+            results.update(load_results(errors))
             body = {
                 "version": version,
                 "paused_s": round(time.monotonic() - t0, 3),
                 "backends": {a: msgspec.structs.asdict(r) for a, r in results.items()},
             }
         if errors:
-            raise _failure("load", errors, body)
+            raise weights_failure("load", errors, body)
         return body
 
     async def _load_one(
@@ -422,7 +393,7 @@ class WeightUpdates:
                 "loaded_at": b.loaded_at,
                 "last_load_s": None if b.last_load_s is None else round(b.last_load_s, 3),
                 "healthy": b.healthy,
-                "resync": _resync_doc(self._resync.get(b.address)),
+                "resync": resync_doc(self._resync.get(b.address)),
             }
             for b in self.pool.backends
         ]
@@ -438,63 +409,3 @@ def _pause_timers(b: Backend) -> list[PausableTimer]:
     for timer in frozen:
         timer.pause()
     return frozen
-
-
-def _deferred(target: Resync | None) -> LoadResult:
-    if target is None:
-        return LoadResult()
-    why = f"out of rotation ({target.reason}): loads this checkpoint before it serves again"
-    return LoadResult(error=why, deferred=True)
-
-
-def _resync_doc(target: Resync | None) -> dict[str, Any] | None:
-    return None if target is None else msgspec.structs.asdict(target)
-
-
-async def _each(backends: list[Backend], op: Any) -> dict[str, Exception]:
-    """Run ``op(b)`` on every backend at once; the errors by address."""
-    outcomes = await asyncio.gather(*(op(b) for b in backends), return_exceptions=True)
-    errors: dict[str, Exception] = {}
-    for b, out in zip(backends, outcomes, strict=True):
-        if isinstance(out, asyncio.CancelledError):
-            raise out
-        if isinstance(out, Exception):
-            errors[b.address] = out
-        elif isinstance(out, BaseException):
-            raise out
-    return errors
-
-
-def _timed_out(exc: Exception) -> bool:
-    return isinstance(exc, EngineTimeout)
-
-
-def _merge(first: dict[str, Exception], then: dict[str, Exception]) -> dict[str, Exception]:
-    """Errors of two steps; per backend the first, unless the later one is a timeout."""
-    out = dict(first)
-    for address, exc in then.items():
-        if address not in out or _timed_out(exc):
-            out[address] = exc
-    return out
-
-
-def _texts(errors: dict[str, Exception]) -> dict[str, str]:
-    return {a: _text(e) for a, e in errors.items()}
-
-
-def _text(exc: Exception) -> str:
-    return str(exc) if isinstance(exc, EngineError) else f"{type(exc).__name__}: {exc}"
-
-
-def _failure(op: str, errors: dict[str, Exception], body: dict[str, Any]) -> WeightsError:
-    """502 when engines failed, 504 when one of them did not answer in time (it is then
-    out of rotation until it answers again and is given the weights)."""
-    timed_out = [a for a, e in errors.items() if _timed_out(e)]
-    detail = f"{op} failed on " + "; ".join(f"{a}: {_text(e)}" for a, e in errors.items())
-    if not timed_out:
-        return WeightsError(502, detail, body)
-    detail += (
-        f". {', '.join(timed_out)}: marked unhealthy; given the current weights and version "
-        "when it answers again, before it serves"
-    )
-    return WeightsError(504, detail, {**body, "timed_out": timed_out})
