@@ -109,6 +109,7 @@ class WeightUpdates:
         self._running: set[asyncio.Task[Any]] = set()
         self._resync: dict[str, Resync] = {}  # lost backends, by address
         self._resyncing: set[str] = set()
+        self._closing = False
 
     def _own(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         task = asyncio.create_task(coro, name=name)
@@ -125,6 +126,7 @@ class WeightUpdates:
 
     async def aclose(self, grace_s: float = 30.0) -> None:
         """Let operations under way finish (bounded), then cancel what is left."""
+        self._closing = True
         if not self._running:
             return
         _, pending = await asyncio.wait(set(self._running), timeout=grace_s)
@@ -189,7 +191,7 @@ class WeightUpdates:
     def resync(self, b: Backend) -> None:
         """``b``, lost, answers its health probe again: give it what it missed, then take
         it back (in the background, after the operation under way)."""
-        if b.address in self._resyncing:
+        if b.address in self._resyncing or self._closing:
             return
         self._resyncing.add(b.address)
         task = self._own(self._resync_one(b), f"weights-resync {b.address}")

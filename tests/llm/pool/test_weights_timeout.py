@@ -225,3 +225,34 @@ async def test_set_weights_raises_naming_the_engine_and_a_later_load_is_deferred
 async def _taken_back_at(srv: Any, address: str, version: int) -> bool:
     mine = _by_address(await srv.client.weights())[address]
     return bool(mine["healthy"] and mine["weight_version"] == version)
+
+
+async def test_a_pause_the_stopped_engine_misses_is_504_and_it_returns_resumed_at_the_version(
+    start_llm: StartLLM,
+) -> None:
+    other = await start_llm()
+    async with stoppable() as engine, BackendPool(PoolConfig(**POOL)) as pool:
+        await pool.register(engine.address, weight_version=1)
+        await pool.register(other.address, weight_version=1)
+        engine.stop()
+        with pytest.raises(WeightsError) as info:
+            await pool.weights.pause("abort")
+        assert info.value.status == 504 and info.value.body["timed_out"] == [engine.address]
+        assert "pause" in info.value.detail and other.weights.paused
+        [lost] = [w for w in pool.weights.snapshot() if w["address"] == engine.address]
+        assert (lost["healthy"], lost["resync"]["version"], lost["resync"]["paused"]) == (
+            False,
+            1,
+            True,
+        )
+        answer = await pool.weights.resume(5)  # the lost engine is not waited for again
+        assert answer["resumed"] == [engine.address, other.address]
+        engine.cont()
+        await eventually(lambda: _back(pool, engine.address), timeout=15)
+        state = await engine.weights()
+        assert (state["version"], state["paused"]) == ("5", False)
+
+
+def _back(pool: BackendPool, address: str) -> bool:
+    [mine] = [w for w in pool.weights.snapshot() if w["address"] == address]
+    return bool(mine["healthy"] and mine["weight_version"] == 5 and not mine["paused"])
