@@ -13,6 +13,7 @@ __all__ = [
     "BadRequestError",
     "ConflictError",
     "ForbiddenError",
+    "GatewayTimeoutError",
     "GoneError",
     "NotFoundError",
     "RolloutClient",
@@ -83,6 +84,13 @@ class InsufficientStorageError(ServiceUnavailableError):
     was created. ``retry_after`` says when to try again (or use another server)."""
 
 
+class GatewayTimeoutError(RolloutError):
+    """504: an engine did not answer a weight call within ``pool.weights_timeout_s``;
+    ``timed_out`` lists those engines (empty: a 504 from something in between)."""
+
+    timed_out: tuple[str, ...] = ()
+
+
 _ERRORS: dict[int, type[RolloutError]] = {
     400: BadRequestError,
     401: UnauthorizedError,
@@ -94,6 +102,7 @@ _ERRORS: dict[int, type[RolloutError]] = {
     422: UnprocessableError,
     429: TooManyRequestsError,
     503: ServiceUnavailableError,
+    504: GatewayTimeoutError,
     507: InsufficientStorageError,
 }
 _encoder = msgspec.json.Encoder()
@@ -331,4 +340,6 @@ def _error(status: int, raw: bytes, retry_after: str | None) -> RolloutError:
     error = _ERRORS.get(status, RolloutError)(status, detail, after)
     if isinstance(error, GoneError) and isinstance(doc, dict):
         error.oldest_seq = int(doc.get("oldest_seq") or 0)
+    if isinstance(error, GatewayTimeoutError) and isinstance(doc, dict):
+        error.timed_out = tuple(str(a) for a in doc.get("timed_out") or ())
     return error

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
 from typing import Any
 
 import msgspec
@@ -29,10 +30,11 @@ async def _run(coro: Any) -> web.Response:
     except WeightsError as exc:
         if exc.status == 422:
             raise Unprocessable(exc.detail) from None
-        # problem+json with the operation's own answer as extension members
+        # problem+json with the operation's own answer as extension members: 502, or 504
+        # when an engine did not answer within pool.weights_timeout_s (``timed_out``)
         problem = {
             "type": "about:blank",
-            "title": "Bad Gateway",
+            "title": HTTPStatus(exc.status).phrase,
             "status": exc.status,
             "detail": exc.detail,
             **exc.body,

@@ -53,6 +53,11 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     """Limit on one LLM request; ``None`` waits forever."""
     register_timeout_s: float = 10.0
     """How long ``add_llm_server`` waits for the engine's ``/v1/models`` answer."""
+    weights_timeout_s: float = 120.0
+    """Limit on each engine's part of each step of a weight operation (its pause, its
+    load, its resume with the version; a ``wait`` pause: the larger of this and
+    ``request_timeout_s``). Past it the operation answers 504 naming the engine, which is
+    marked unhealthy and given the current weights before it serves again."""
     on_interrupt: Literal["continue", "regenerate"] = "continue"
     """A turn a weight update aborted: ``continue`` it from the tokens it made (nothing
     thrown away; the turn's tokens may come from two versions), or ``regenerate`` it whole
@@ -70,6 +75,7 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
             "probe_timeout_s",
             "request_timeout_s",
             "register_timeout_s",
+            "weights_timeout_s",
         ):
             value = getattr(self, name)
             if value is not None and value <= 0:

@@ -26,6 +26,10 @@ SIGTERM), and a stopped one (SIGSTOP) answers nothing at all. So while a backend
 open it is probed too: ``failure_threshold`` consecutive failed probes (no answer within
 ``probe_timeout_s``, a refused connection, or a status other than 200) mark it unhealthy and
 end its open calls at once, which then fail over like any other failure.
+
+A weight call that gets no answer within ``weights_timeout_s`` (``llm.weights``) marks its
+backend unhealthy the same way; that one is taken back only once it has been given the
+current weights and version, not at its first 200.
 """
 
 from __future__ import annotations
@@ -187,6 +191,8 @@ class BackendPool:
     ) -> Backend:
         """Register a backend, or update it (and mark it healthy) if the address is known."""
         b = self._backends.get(address) or Backend(address, api=api)
+        if self._weights is not None:
+            self._weights.forget(address)  # what it serves is what this registration says
         b.configure(
             api=api,
             weight_version=weight_version,
@@ -253,12 +259,16 @@ class BackendPool:
         b = self._backends.pop(address, None)
         if b is not None:
             _unblock(b)
+            if self._weights is not None:
+                self._weights.forget(address)
         return b is not None
 
     def clear(self) -> None:
         """Unregister every backend; new leases wait for the next :meth:`add`."""
         for b in self._backends.values():
             _unblock(b)
+            if self._weights is not None:
+                self._weights.forget(b.address)
         self._backends.clear()
 
     def get(self, address: str) -> Backend | None:
@@ -363,6 +373,11 @@ class BackendPool:
         while failures <= self.config.retries:
             b = lease.backend
             await self._until_resumed(b, lease.timer)
+            if self._weights is not None and self._weights.pending(b):
+                last = EngineUnavailable(b.address, "a weight operation timed out on it")
+                failures += 1
+                await self._fail_over(lease, b, tried, failures, last)
+                continue
             try:
                 gen = await self._complete(b, turn.prompt(), turn.left(), sampling, lease.timer)
             except EngineUnavailable as exc:
@@ -494,6 +509,20 @@ class BackendPool:
         b.healthy = False
         self._attention.set()
 
+    def lost(self, b: Backend, why: str) -> None:
+        """A weight call gave up on ``b``: unhealthy now, and its open calls end (they
+        fail over like any engine failure). It comes back through ``weights.resync``."""
+        if b.healthy:
+            self._mark_unhealthy(b, why)
+        for stall in list(b.open_calls):
+            stall.reschedule(asyncio.get_running_loop().time())
+
+    def revive(self, b: Backend) -> None:
+        """``b`` answers again: healthy, and given waiting jobs."""
+        b.healthy, b.failures, b.probe_failures = True, 0, 0
+        log.info("LLM backend %s healthy again", b.address)
+        self._dispatch()
+
     async def _probe_loop(self) -> None:
         """Probe unhealthy backends (to take them back) and backends with calls open (to
         find one that stopped answering), every ``probe_interval_s`` while there are any."""
@@ -513,9 +542,10 @@ class BackendPool:
 
     def _probed(self, b: Backend, ok: bool) -> None:
         if not b.healthy:
-            if ok:
-                b.healthy, b.failures, b.probe_failures = True, 0, 0
-                log.info("LLM backend %s healthy again", b.address)
+            if ok and self._weights is not None and self._weights.pending(b):
+                self._weights.resync(b)  # taken back once it has the current weights
+            elif ok:
+                self.revive(b)
             return
         b.probe_failures = 0 if ok else b.probe_failures + 1
         if b.probe_failures >= self.config.failure_threshold:

@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="requests decoded at once; more wait (default: unlimited)",
     )
+    lat.add_argument(
+        "--load-s",
+        type=float,
+        default=0.0,
+        help="seconds a weight load (reload_weights, update_weights_from_disk) takes (default 0)",
+    )
     flt = p.add_argument_group("fault injection (rates in 0..1)")
     for name, text in _FAULT_HELP.items():
         flt.add_argument(f"--{name}", type=float, default=0.0, help=f"{text} (default 0)")
@@ -110,6 +116,7 @@ async def _serve(args: argparse.Namespace) -> None:
         host=args.host,
         port=args.port,
         legacy_vllm=args.legacy_vllm,
+        load_s=args.load_s,
     ) as llm:
         sys.stdout.write(f"scripted-llm listening on {llm.address}\n")
         sys.stdout.flush()

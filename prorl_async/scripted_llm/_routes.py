@@ -318,7 +318,8 @@ async def _collective_rpc(request: web.Request) -> web.Response:
     if body.get("method") != "reload_weights":
         return _json(400, _error(400, f"method {body.get('method')!r} is not supported"))
     try:
-        request.app[_LLM].weights.load(str((body.get("kwargs") or {}).get("weights_path")))
+        path = str((body.get("kwargs") or {}).get("weights_path"))
+        await request.app[_LLM].weights.reload(path)
     except WeightsRefused as exc:
         return _json(500, _error(500, f"Worker failed with error {exc}"))
     return _json(200, {"results": [None]})
@@ -362,7 +363,8 @@ async def _sglang_load(request: web.Request) -> web.Response:
         weights.abort_all()
     version = body.get("weight_version")
     try:
-        weights.load(str(body.get("model_path")), None if version is None else str(version))
+        path = str(body.get("model_path"))
+        await weights.reload(path, None if version is None else str(version))
     except WeightsRefused as exc:
         return _json(400, {"success": False, "message": f"Failed to load weights: {exc}"})
     return _json(200, {"success": True, "message": "Succeeded to update model weights."})
@@ -372,7 +374,11 @@ async def _get_weight_version(request: web.Request) -> web.Response:
     return _json(200, {"weight_version": request.app[_LLM].weights.version})
 
 
-_GETS = frozenset({"/is_paused", "/weight_info", "/get_weight_version"})
+async def _scripted_weights(request: web.Request) -> web.Response:
+    return _json(200, request.app[_LLM].weights.state())
+
+
+_GETS = frozenset({"/is_paused", "/weight_info", "/get_weight_version", "/scripted/weights"})
 _WEIGHT_ROUTES = {
     "/pause": _vllm_pause,
     "/resume": _vllm_resume,
@@ -385,4 +391,6 @@ _WEIGHT_ROUTES = {
     "/continue_generation": _sglang_continue,
     "/update_weights_from_disk": _sglang_load,
     "/get_weight_version": _get_weight_version,
+    # The double's own: what it serves and whether a load is under way (no engine has it).
+    "/scripted/weights": _scripted_weights,
 }

@@ -58,6 +58,7 @@ class ScriptedLLM:
         legacy_vllm: bool = False,
         max_model_len: int = 32768,
         api: str = "vllm",
+        load_s: float = 0.0,
     ) -> None:
         self.policy = make_policy(policy, seed=seed) if isinstance(policy, str) else policy
         self.tokenizer = load_tokenizer(tokenizer)
@@ -69,7 +70,7 @@ class ScriptedLLM:
         self.legacy_vllm = legacy_vllm
         """Ignore ``return_token_ids`` like vLLM < 0.10.2 (ids only as ``token_id:N``)."""
         self.max_model_len = max_model_len
-        self.weights = EngineWeights()
+        self.weights = EngineWeights(load_s)
         """Checkpoint, version and pause state (vLLM dev-mode and SGLang weight routes)."""
         # SGLang's /update_weight_version aborts in-flight requests unless told not to.
         self.sglang_version_aborts = api == "sglang"

@@ -8,7 +8,8 @@ against:
   ``abort``); ``keep`` (SGLang ``in_place``) freezes them until the resume; ``wait``
   returns once they have finished. Paused, new requests wait for the resume.
 - a load names a directory (it must exist); its path salts the synthetic logprobs, so
-  tokens made after a load differ from those made before, as with real new weights.
+  tokens made after a load differ from those made before, as with real new weights. It
+  takes ``load_s`` seconds (default 0), time for a test to stop the engine mid-load.
 - SGLang's ``/update_weight_version`` aborts every request in flight unless it is sent
   ``abort_all_requests: false``; ``/update_weights_from_disk`` only with ``true``.
 """
@@ -28,7 +29,12 @@ class WeightsRefused(ValueError):
 class EngineWeights:
     """Which weights the double serves, and its pause state."""
 
-    def __init__(self) -> None:
+    def __init__(self, load_s: float = 0.0) -> None:
+        if not load_s >= 0:
+            raise ValueError(f"load_s must be >= 0, got {load_s}")
+        self.load_s = load_s
+        self.loading: str | None = None
+        """The checkpoint being loaded now (``None``: no load under way)."""
         self.path: str | None = None
         """The checkpoint loaded last (``None``: the weights it started with)."""
         self.version: str | None = None
@@ -89,6 +95,25 @@ class EngineWeights:
         self.paused = False
         self._running.set()
         self._open.set()
+
+    async def reload(self, path: str, version: str | None = None) -> None:
+        """:meth:`load`, taking ``load_s`` seconds as reading a checkpoint does."""
+        self.loading = path
+        try:
+            await asyncio.sleep(self.load_s)  # the double's load time, not synchronisation
+            self.load(path, version)
+        finally:
+            self.loading = None
+
+    def state(self) -> dict[str, object]:
+        """What ``GET /scripted/weights`` answers (the double's own route)."""
+        return {
+            "path": self.path,
+            "version": self.version,
+            "paused": self.paused,
+            "loading": self.loading,
+            "loads": self.loads,
+        }
 
     def load(self, path: str, version: str | None = None) -> None:
         if not Path(path).is_dir():

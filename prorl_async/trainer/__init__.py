@@ -4,7 +4,12 @@
 """
 
 from prorl_async.trainer.cluster import ClusterFile, load_cluster
-from prorl_async.trainer.errors import PromptsExhausted, RolloutStalled, TrainerError
+from prorl_async.trainer.errors import (
+    PromptsExhausted,
+    RolloutStalled,
+    TrainerError,
+    WeightsTimeout,
+)
 from prorl_async.trainer.filters import FILTERS, GroupFilter, nonzero_std
 from prorl_async.trainer.group import Group
 from prorl_async.trainer.manager import RolloutManager
@@ -18,6 +23,7 @@ __all__ = [
     "RolloutManager",
     "RolloutStalled",
     "TrainerError",
+    "WeightsTimeout",
     "load_cluster",
     "nonzero_std",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["PromptsExhausted", "RolloutStalled", "TrainerError"]
+__all__ = ["PromptsExhausted", "RolloutStalled", "TrainerError", "WeightsTimeout"]
 
 
 class TrainerError(RuntimeError):
@@ -19,3 +19,13 @@ class RolloutStalled(TrainerError):
     def __init__(self, message: str, diagnosis: dict[str, object]) -> None:
         super().__init__(message)
         self.diagnosis = diagnosis
+
+
+class WeightsTimeout(TrainerError):
+    """``set_weights(path=...)``: an engine did not answer within the server's
+    ``pool.weights_timeout_s``. The other engines serve the new version (it is recorded);
+    those in ``engines`` are out of rotation until they answer and are given it."""
+
+    def __init__(self, message: str, engines: list[str]) -> None:
+        super().__init__(message)
+        self.engines = engines

@@ -13,10 +13,15 @@ from typing import Any, Literal
 
 import aiohttp
 
-from prorl_async.client import RolloutClient, RolloutError
+from prorl_async.client import GatewayTimeoutError, RolloutClient, RolloutError
 from prorl_async.trainer.cluster import load_cluster
 from prorl_async.trainer.dispatch import Dispatcher, Settings, result_cost
-from prorl_async.trainer.errors import PromptsExhausted, RolloutStalled, TrainerError
+from prorl_async.trainer.errors import (
+    PromptsExhausted,
+    RolloutStalled,
+    TrainerError,
+    WeightsTimeout,
+)
 from prorl_async.trainer.filters import GroupFilter, resolve_filter
 from prorl_async.trainer.group import Group
 from prorl_async.trainer.loop import LoopLag
@@ -299,6 +304,10 @@ class RolloutManager:
         ``path``: every server loads that checkpoint directory on its engines in place
         (``POST /weights/load``: pause in ``mode``, load, resume; work in flight is kept).
         ``backends``: every server is pointed at these engine addresses instead (a swap).
+
+        Raises :class:`WeightsTimeout` naming the engines that did not answer a load
+        within their server's ``pool.weights_timeout_s`` (the version is recorded: the
+        other engines serve it, and those are given it before they serve again).
         """
         dispatcher = self._require()
         if isinstance(version, bool) or not isinstance(version, int):
@@ -308,10 +317,10 @@ class RolloutManager:
         if mode not in ("abort", "keep", "wait"):
             raise ValueError(f"mode must be 'abort', 'keep' or 'wait', got {mode!r}")
         self._staleness.check(version)
+        timeouts: list[WeightsTimeout] = []
         if path is not None:
-            await asyncio.gather(
-                *(self._load_weights(s, version, path, mode) for s in dispatcher.pool.healthy)
-            )
+            loads = (self._load_weights(s, version, path, mode) for s in dispatcher.pool.healthy)
+            timeouts = _timeouts(await asyncio.gather(*loads, return_exceptions=True))
         else:
             addresses = list(backends or ())
             if not addresses:
@@ -319,6 +328,9 @@ class RolloutManager:
             await self._swap(dispatcher, version, addresses)
         self._staleness.set_version(version)
         dispatcher.wake.set()
+        if timeouts:
+            engines = [e for t in timeouts for e in t.engines]
+            raise WeightsTimeout("; ".join(map(str, timeouts)), engines) from timeouts[0]
 
     def metrics(self) -> dict[str, Any]:
         """Counters, waste by cause, version lags, per-server state; see docs/trainer.md."""
@@ -390,6 +402,17 @@ class RolloutManager:
     async def _load_weights(self, server: ServerState, version: int, path: str, mode: str) -> None:
         try:
             await server.client.load_weights(version, path, mode)
+        except GatewayTimeoutError as exc:
+            if not exc.timed_out:  # not our server's answer: something in between
+                self._require().server_failed(server, exc)
+                return
+            engines = ", ".join(exc.timed_out)
+            msg = (
+                f"{server.url}: set_weights(path=...): engine {engines} did not answer within "
+                f"the server's pool.weights_timeout_s; it is out of rotation until it answers "
+                f"and is given version {version}: {exc.detail}"
+            )
+            raise WeightsTimeout(msg, list(exc.timed_out)) from exc
         except Exception as exc:
             if transport_class(exc) is None:
                 raise TrainerError(f"{server.url}: set_weights(path=...) failed: {exc}") from exc
@@ -420,6 +443,14 @@ class RolloutManager:
                 dispatcher.pool.inflight,
                 dispatcher.metrics.pass_rate,
             )
+
+
+def _timeouts(outcomes: list[Any]) -> list[WeightsTimeout]:
+    """The loads' timeouts; any other error is raised as is."""
+    for out in outcomes:
+        if isinstance(out, BaseException) and not isinstance(out, WeightsTimeout):
+            raise out
+    return [out for out in outcomes if isinstance(out, WeightsTimeout)]
 
 
 def _server_urls(servers: Iterable[str] | None, cluster: str | Path | None) -> list[str]:

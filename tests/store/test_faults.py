@@ -260,7 +260,6 @@ async def test_a_full_disk_answers_507_keeps_every_acknowledged_job_and_recovers
             assert _metric(metrics, "prorl_store_free_bytes") < 1 << 20
             # The loop served throughout: it never waited for the disk.
             lag = _metric(metrics, "prorl_loop_lag_seconds")
-            print(f"loop lag, disk full: {lag * 1e3:.1f} ms")  # a figure for docs, not a test
             assert lag < COMMIT_TIMEOUT_S
 
             disk.free()
@@ -342,7 +341,6 @@ async def test_a_stopped_writer_is_answered_503_within_the_bound_and_loses_nothi
                 _, metrics = await _get(http, url, "/metrics")
                 assert _metric(metrics, "prorl_store_unavailable") == 1.0
                 lag = _metric(metrics, "prorl_loop_lag_seconds")
-                print(f"loop lag, writer stopped: {lag * 1e3:.1f} ms")
                 assert lag < COMMIT_TIMEOUT_S
 
                 # Logged once when it began, not at every refused submit.

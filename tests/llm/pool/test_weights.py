@@ -211,6 +211,8 @@ async def test_a_job_records_a_version_per_token_and_none_for_observations(
         "weights_path": "scripted-llm",
         "loaded_at": None,
         "last_load_s": None,
+        "healthy": True,
+        "resync": None,
     }
     assert weights == [expected]
 
