@@ -52,8 +52,11 @@ def shots(tmp_path: Path) -> Path:
 
 
 async def login(page: Page, url: str, token: str) -> None:
-    """Log in through the form, as a person does."""
+    """Log in through the form, as a person does (logging out first if logged in)."""
     await page.goto(f"{url}/ui/login")
+    if not await page.evaluate("!!document.getElementById('login')"):
+        await page.evaluate("document.querySelector('form.logout').submit()")
+        await page.wait_for("!!document.getElementById('login')")
     await page.evaluate(
         "(() => { const f = document.getElementById('login');"
         f" f.elements.token.value = {token!r}; f.submit(); }})()"

@@ -18,7 +18,7 @@ from prorl_async.api.ui.render import Pages, secure
 from prorl_async.api.ui.session import COOKIE, TTL_S, VIEWER, Sessions, guard_page, safe_next
 from prorl_async.api.ui.state import UI, UiState
 from prorl_async.api.ui.trajectory import build_view, timing_bars
-from prorl_async.core.errors import BadRequest, Forbidden
+from prorl_async.core.errors import BadRequest
 from prorl_async.schemas import JobStatusResponse
 from prorl_async.service import RolloutService
 from prorl_async.tenancy import Tenant
@@ -89,16 +89,22 @@ def _login_page(request: web.Request, status: int, error: str) -> web.Response:
     )
 
 
-def _same_origin(request: web.Request) -> None:
-    """A form POST from another site (``Origin`` names it) is refused."""
+def _other_origin(request: web.Request) -> web.Response | None:
+    """A form POST from another site (``Origin`` names it) is refused: the 403 page."""
     origin = request.headers.get("Origin")
-    if origin is not None and origin != f"{request.scheme}://{request.host}":
-        raise Forbidden(f"Origin {origin!r} is not this server")
+    if origin is None or origin == f"{request.scheme}://{request.host}":
+        return None
+    detail = f"a form posted from {origin}, not from this server"
+    return _state(request).pages.html(
+        "error.html", status=403, title="Forbidden", detail=detail, **_common(request, None)
+    )
 
 
 @ui_routes.post("/ui/login")
 async def login(request: web.Request) -> web.StreamResponse:
-    _same_origin(request)
+    refused = _other_origin(request)
+    if refused is not None:
+        return refused
     form = await request.post()
     token = form.get("token")
     target = safe_next(str(form.get("next") or "/ui/"))
@@ -120,7 +126,9 @@ async def login(request: web.Request) -> web.StreamResponse:
 
 @ui_routes.post("/ui/logout")
 async def logout(request: web.Request) -> web.StreamResponse:
-    _same_origin(request)
+    refused = _other_origin(request)
+    if refused is not None:
+        return refused
     _state(request).sessions.logout(request.cookies.get(COOKIE))
     resp = web.HTTPSeeOther("/ui/login")
     resp.del_cookie(COOKIE, path="/ui")

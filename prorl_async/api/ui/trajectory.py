@@ -189,7 +189,8 @@ def _breaks(segments: list[dict[str, Any]], offset: int) -> dict[int, str]:
         new = seg.get("weight_version")
         if i > 0:
             old = segments[i - 1].get("weight_version_end", segments[i - 1].get("weight_version"))
-            title = f"weight load: version {old} → {new}; the turn went on under the new weights"
+            change = f"version {old} → {new}" if str(old) != str(new) else f"version {new}"
+            title = f"weight load: the turn was interrupted and went on under {change}"
             marks[offset + int(seg.get("start", 0))] = _marker(f"⇢ v{new}", title)
         if "weight_version_end" in seg:
             title = (
