@@ -61,7 +61,8 @@ async def main(args: argparse.Namespace) -> None:
                     rows.append(t)
                     print(
                         f"server {t['server']:6.0f} ms  DOM loaded {t['dom']:6.0f} ms  "
-                        f"load {t['load']:6.0f} ms  laid out {t['painted']:6.0f} ms  first paint {t['fcp'] or 0:6.0f} ms  "
+                        f"load {t['load']:6.0f} ms  laid out {t['painted']:6.0f} ms  "
+                        f"first paint {t['fcp'] or 0:6.0f} ms  "
                         f"{t['bytes'] / 1e6:.1f} MB  {t['tokens']} token elements"
                     )
     for key in ("server", "dom", "load", "painted"):

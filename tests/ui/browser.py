@@ -47,7 +47,7 @@ def chromium_path() -> str | None:
     """The system Chromium (``PRORL_CHROMIUM`` names another), or None."""
     named = os.environ.get("PRORL_CHROMIUM")
     if named:
-        return named
+        return named if os.access(named, os.X_OK) else None
     for name in ("chromium", "chromium-browser", "google-chrome"):
         found = shutil.which(name)
         if found:

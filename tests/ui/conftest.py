@@ -47,6 +47,7 @@ def shots(tmp_path: Path) -> Path:
     """Where screenshots go: docs/img with PRORL_UPDATE_SCREENSHOTS=1 (the README's),
     else the test's own directory (taken all the same, the tree stays clean)."""
     if os.environ.get("PRORL_UPDATE_SCREENSHOTS") == "1":
+        (ROOT / "docs" / "img").mkdir(exist_ok=True)
         return ROOT / "docs" / "img"
     return tmp_path
 
