@@ -14,6 +14,7 @@ from tests.helpers import ServerFactory
 from tests.ui.conftest import TENANTS
 
 PAGES = ["/ui/", "/ui/results", "/ui/jobs/j-x", "/ui/nothing/here"]
+QUOTED = {"/ui/results?task=a&status=done": "/ui/results?task%3Da%26status%3Ddone"}
 
 
 async def _session(url: str, token: str) -> aiohttp.ClientSession:
@@ -40,10 +41,10 @@ async def test_without_a_session_every_page_redirects_to_the_login_form(
     make_server: ServerFactory,
 ) -> None:
     async with make_server(tenants=TENANTS) as srv, aiohttp.ClientSession() as s:
-        for path in PAGES:
+        for path in [*PAGES, *QUOTED]:
             async with s.get(srv.url + path, allow_redirects=False) as r:
                 assert r.status == 303, path
-                assert r.headers["Location"] == f"/ui/login?next={path}"
+                assert r.headers["Location"] == f"/ui/login?next={QUOTED.get(path, path)}"
         async with s.get(f"{srv.url}/ui/live") as r:
             assert r.status == 401  # the dashboard's data is not a page: no redirect
         async with s.get(f"{srv.url}/ui/login") as r:

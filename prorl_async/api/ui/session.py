@@ -96,7 +96,7 @@ def guard_page(
         if viewer is None:
             if not page:
                 return secure(web.json_response({"detail": "log in at /ui/login"}, status=401))
-            where = quote(request.path_qs, safe="/?=&")
+            where = quote(request.path_qs, safe="/")  # its own query stays inside `next`
             raise web.HTTPSeeOther(f"/ui/login?next={where}", headers=_no_store())
         request[VIEWER] = viewer
         try:
