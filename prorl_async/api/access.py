@@ -96,21 +96,27 @@ def add_routes(
     tenants: Tenants,
     tables: Iterable[Iterable[web.AbstractRouteDef]],
     scrape_token: str | None = None,
+    session_tables: Iterable[Iterable[web.AbstractRouteDef]] = (),
 ) -> None:
     """Add every route of ``tables``, each guarded (``guarded``); then, on each path, a
     route for any other method (405, naming the allowed ones) and a last route for any
-    other path (404). ``scrape_token`` opens ``/metrics`` besides an admin's token. Call
-    once, after nothing else adds routes."""
-    for table in tables:
+    other path (404). ``scrape_token`` opens ``/metrics`` besides an admin's token.
+    ``session_tables`` are the web pages' (``api/ui``): no bearer token, as a browser
+    sends none; their handlers check the login cookie themselves. Call once, after
+    nothing else adds routes."""
+    sessions = [list(t) for t in session_tables]
+    open_paths = _OPEN_PATHS | {r.path for t in sessions for r in t if isinstance(r, web.RouteDef)}
+    for table in [*tables, *sessions]:
         for route in table:
             if not isinstance(route, web.RouteDef):
                 raise TypeError(f"only plain routes are guarded, not {route!r}")
-            # Our paths have no regular expressions: each is its own canonical form.
+            # Our paths have no regular expressions (the pages' last one, /ui/{tail:.*},
+            # aside): each is its own canonical form.
             tenant_route = (route.method, route.path) in TENANT_ROUTES
             handler = guarded(
                 route.handler,
                 tenants,
-                open_path=route.path in _OPEN_PATHS,
+                open_path=route.path in open_paths,
                 tenant_route=tenant_route,
                 scrape_token=scrape_token if route.path == SCRAPE_PATH else None,
             )
@@ -128,7 +134,7 @@ def add_routes(
         wrong_method = guarded(
             _method_not_allowed(allowed[path]),
             tenants,
-            open_path=path in _OPEN_PATHS,
+            open_path=path in open_paths or path.startswith("/ui/"),
             tenant_route=True,  # answering which methods exist gives a tenant nothing
         )
         resource.add_route(hdrs.METH_ANY, wrong_method)

@@ -16,6 +16,7 @@ from prorl_async.api.connections import ConnectionGuard, clamp_connections
 from prorl_async.api.events import event_routes, register_events
 from prorl_async.api.problems import MAX_BODY
 from prorl_async.api.routes import SERVICE, routes
+from prorl_async.api.ui import register_ui, ui_routes
 from prorl_async.api.weights import weight_routes
 from prorl_async.config import ServerConfig
 from prorl_async.core.handler import HandlerRegistry
@@ -45,9 +46,13 @@ def build_app(config: ServerConfig, registry: HandlerRegistry | None = None) -> 
     )
     # /results, /events and /jobs/{job_id}/callback are event_routes.
     tables = (routes, weight_routes, event_routes)
-    add_routes(app, service.tenants, tables, scrape_token=config.metrics_token)
+    # The web pages (/ui/) take a login cookie, not a bearer token.
+    add_routes(
+        app, service.tenants, tables, scrape_token=config.metrics_token, session_tables=[ui_routes]
+    )
     register_events(app)
     app.cleanup_ctx.append(_service_ctx)
+    register_ui(app, service)  # after the service's context: its sampler stops first
     return app
 
 

@@ -16,7 +16,7 @@ import asyncio
 import math
 import uuid
 from array import array
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from typing import NamedTuple
 
 __all__ = ["LogEntry", "ResultLog"]
@@ -73,6 +73,14 @@ class _Log:
         return [
             LogEntry(self.seqs[k], self.ids[k], _STATUSES[self.codes[k]], _reward(self.rewards[k]))
             for k in range(i, end)
+        ]
+
+    def before(self, cursor: int | None, limit: int) -> list[LogEntry]:
+        end = len(self.seqs) if cursor is None else bisect_left(self.seqs, cursor, self.start)
+        first = max(self.start, end - limit)
+        return [
+            LogEntry(self.seqs[k], self.ids[k], _STATUSES[self.codes[k]], _reward(self.rewards[k]))
+            for k in range(end - 1, first - 1, -1)
         ]
 
     def trim(self, floor: int) -> None:
@@ -175,6 +183,16 @@ class ResultLog:
         """Up to ``limit`` entries of ``tenant`` with seq > ``cursor``, in seq order."""
         log = self._logs.get(tenant)
         return [] if log is None else log.after(cursor, limit)
+
+    def before(self, tenant: str, cursor: int | None, limit: int) -> list[LogEntry]:
+        """Up to ``limit`` entries of ``tenant`` with seq < ``cursor`` (None: the newest),
+        newest first: the pages of a reader going back in time (the UI)."""
+        log = self._logs.get(tenant)
+        return [] if log is None else log.before(cursor, limit)
+
+    def tenants(self) -> list[str]:
+        """Every tenant the log has held an entry for."""
+        return list(self._logs)
 
     def last(self, tenant: str) -> int:
         """The tenant's highest committed seq (0 if none): the cursor of "from now on"."""

@@ -86,6 +86,13 @@ class ChatTokenizer:
         """Text of ``ids`` keeping special tokens, for parsing only (never re-encode it)."""
         return str(self._tok.decode(list(ids), skip_special_tokens=False))
 
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """Each id's own text, special tokens kept (for display: a token that holds part
+        of a multi-byte character shows as U+FFFD)."""
+        return [
+            str(t) for t in self._tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
+        ]
+
     def template_for(self, tools: Sequence[Mapping[str, Any]] | None) -> ChatTemplate:
         """The template HF would pick: ``tool_use`` when tools are given and it exists."""
         if tools and "tool_use" in self.templates:
