@@ -446,7 +446,7 @@ class RolloutService:
             await self.wait_any(live, wait)
         done, pending = [], []
         bodies = await self.store.results(known, partial=True)  # committed ones now
-        if not bodies and len(live) < len(known) and isinstance(self.store, SqliteJobStore):
+        if not bodies and len(live) < len(known):
             # Ended, not committed (the store cannot commit now): wait for it, not spin.
             await self.store.committing(min(wait, self.config.max_wait_s))
             bodies = await self.store.results(known, partial=True)

@@ -144,5 +144,8 @@ class MemoryJobStore:
     async def check(self) -> None:
         """Nothing to watch."""
 
+    async def committing(self, timeout: float) -> None:
+        """Every result is served at once: nothing to wait for."""
+
     async def aclose(self) -> None:
         """Nothing to close."""
