@@ -105,7 +105,19 @@ async def run_server(
         finally:
             listener.close()  # stop intake; the runner then closes the connections
     finally:
+        await _cleanup(runner)
+
+
+async def _cleanup(runner: web.AppRunner) -> None:
+    # Each cleanup context re-raises a cancellation of the task running it; aiohttp
+    # gathers several into one CleanupError, which must stay a cancellation.
+    try:
         await runner.cleanup()
+    except web.CleanupError as exc:
+        errors = exc.args[1] if len(exc.args) > 1 else []
+        if errors and all(isinstance(e, asyncio.CancelledError) for e in errors):
+            raise asyncio.CancelledError from exc
+        raise
 
 
 async def _listen(runner: web.AppRunner, sock: socket.socket) -> asyncio.Server:

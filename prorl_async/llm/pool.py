@@ -65,6 +65,7 @@ from prorl_async.llm.engines import (
 )
 from prorl_async.llm.generation import Generation, Segment
 from prorl_async.llm.weights import WeightUpdates
+from prorl_async.util.tasks import cancel_and_wait
 from prorl_async.util.timer import PausableTimer
 
 __all__ = [
@@ -172,8 +173,7 @@ class BackendPool:
             _unblock(b)  # calls waiting for a resume go on (and fail: the pool is closed)
         task, self._probe_task = self._probe_task, None
         if task is not None:
-            task.cancel()
-            await _wait_cancelled(task)
+            await cancel_and_wait(task)
         if self._owns_session and self._session is not None:
             await self._session.close()
 
@@ -621,13 +621,3 @@ class _Turn:
             self.clamped,
             self.segments,
         )
-
-
-async def _wait_cancelled(task: asyncio.Task[None]) -> None:
-    """Await a task we cancelled without swallowing a cancellation aimed at us."""
-    try:
-        await task
-    except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
-            raise

@@ -10,7 +10,6 @@ embedding application all get the same answers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -63,6 +62,7 @@ from prorl_async.schemas import (
 from prorl_async.service.status import live_state, status_document
 from prorl_async.store import JobStore, MemoryJobStore, SqliteJobStore, StateDirLock, set_aside
 from prorl_async.tenancy import DEFAULT_TENANT, Tenant, Tenants
+from prorl_async.util.tasks import cancel_and_wait
 
 __all__ = ["RolloutService"]
 
@@ -210,9 +210,7 @@ class RolloutService:
         await self.callbacks.aclose()  # unsent deliveries stay in the outbox
         for task in (self._sweeper, self._watcher):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
         self._sweeper = self._watcher = None
         for handler in self.registry.handlers():
             try:

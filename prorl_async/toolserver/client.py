@@ -27,6 +27,7 @@ from prorl_async.toolserver.protocol import (
     read_frame,
 )
 from prorl_async.util.resource import AsyncResource
+from prorl_async.util.tasks import cancel_and_wait
 
 __all__ = [
     "ExecResult",
@@ -159,13 +160,7 @@ class ToolClient(AsyncResource):
     async def aclose(self) -> None:
         """Close the connection and fail pending calls; safe to call twice."""
         self._fail(ToolServerError("tool client closed"))
-        self._reader_task.cancel()
-        try:
-            await self._reader_task
-        except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and task.cancelling():
-                raise
+        await cancel_and_wait(self._reader_task)
         self._writer.close()
         try:
             await self._writer.wait_closed()

@@ -4,7 +4,6 @@ trajectory, the results listing and the package's static files."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -22,6 +21,7 @@ from prorl_async.core.errors import BadRequest
 from prorl_async.schemas import JobStatusResponse
 from prorl_async.service import RolloutService
 from prorl_async.tenancy import Tenant
+from prorl_async.util.tasks import cancel_and_wait
 
 __all__ = ["register_ui", "ui_routes"]
 
@@ -40,12 +40,7 @@ def register_ui(app: web.Application, svc: RolloutService) -> None:
 async def _sampler_ctx(app: web.Application) -> AsyncIterator[None]:
     task = asyncio.create_task(app[UI].dashboard.throughput.run(), name="ui-throughput")
     yield
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    current = asyncio.current_task()
-    if current is not None and current.cancelling():
-        raise asyncio.CancelledError
+    await cancel_and_wait(task)
 
 
 def _state(request: web.Request) -> UiState:
