@@ -47,6 +47,31 @@ def open_fds(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def connection_fds(pid: int) -> int:
+    """Descriptors of ``pid`` that are established TCP connections (its sockets matched
+    by inode against its network namespace's /proc/PID/net/tcp tables)."""
+    established: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if parts[3] == "01":
+                        established.add(parts[9])
+        except OSError:
+            continue
+    count = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue  # closed since the listing
+        if target.startswith("socket:[") and target[8:-1] in established:
+            count += 1
+    return count
+
+
 def tcp_connections(pid: int, port: int) -> int:
     """Established TCP connections on the server's port (from /proc/net/tcp)."""
     count = 0

@@ -14,9 +14,12 @@ process) registered, under:
 
 Every ``--sample-s`` seconds it prints the server's RSS (its own, and with its writer
 and other children), open descriptors, threads, the SQLite files' size and the jobs
-done. At the end: the growth of RSS and descriptors over the run's last half (the
-median of the last three samples over that of the three around half time); flat
-means under 5%.
+done. Descriptors are split into the established TCP connections at the sample (the
+load's clients connect and close all the time, so these move with the moment) and the
+rest (files, pipes, listeners, sockets being closed): a leak shows in the rest. At the
+end: the growth of RSS and of the descriptors other than connections over the run's
+last half (the median of the last three samples over that of the three around half
+time), and the range of connections; flat means under 5%.
 
     python bench/soak.py [--minutes 20] [--inflight 128] [--retention 120]
 """
@@ -39,7 +42,7 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._server import open_fds, rss_mib, server  # noqa: E402
+from bench._server import connection_fds, open_fds, rss_mib, server  # noqa: E402
 from prorl_async.client import GoneError, RolloutClient, RolloutError  # noqa: E402
 from prorl_async.scripted_llm import LatencyModel, ScriptedLLM  # noqa: E402
 
@@ -218,7 +221,8 @@ async def run(
     samples: list[dict[str, float]] = []
     t0 = time.monotonic()
     print(
-        f"{'min':>5} {'rss MiB':>8} {'+kids':>7} {'fds':>5} {'thr':>4} {'sqlite MB':>9} "
+        f"{'min':>5} {'rss MiB':>8} {'+kids':>7} {'fds':>5} {'conns':>5} {'thr':>4} "
+        f"{'sqlite MB':>9} "
         f"{'done':>8} {'cancel':>7} {'events':>8} {'loads':>5} {'errors':>6}",
         flush=True,
     )
@@ -234,6 +238,7 @@ async def run(
                 "rss": own_rss_mib(pid),
                 "rss_all": rss_mib(pid),
                 "fds": float(open_fds(pid)),
+                "conns": float(connection_fds(pid)),
                 "threads": float(threads(pid)),
                 "sqlite": sum(f.stat().st_size for f in files if f.exists()) / 1e6,
             }
@@ -241,7 +246,8 @@ async def run(
             c = load.counts
             print(
                 f"{sample['min']:5.1f} {sample['rss']:8.1f} {sample['rss_all']:7.1f} "
-                f"{sample['fds']:5.0f} {sample['threads']:4.0f} {sample['sqlite']:9.1f} "
+                f"{sample['fds']:5.0f} {sample['conns']:5.0f} {sample['threads']:4.0f} "
+                f"{sample['sqlite']:9.1f} "
                 f"{c['done']:8,} {c['cancelled']:7,} {c['events']:8,} {c['loads']:5} "
                 f"{c['errors']:6}",
                 flush=True,
@@ -255,12 +261,14 @@ async def run(
     if len(samples) < 6:
         print("too short a run for the growth figures (6 samples at least)")
         return
-    rss, fds = growth([s["rss"] for s in samples]), growth([s["fds"] for s in samples])
-    rss_all = growth([s["rss_all"] for s in samples])
-    flat = max(rss, fds) < 0.05
+    rss, rss_all = growth([s["rss"] for s in samples]), growth([s["rss_all"] for s in samples])
+    held = growth([s["fds"] - s["conns"] for s in samples])
+    conns = [int(s["conns"]) for s in samples[len(samples) // 2 :]]
+    flat = max(rss, held) < 0.05
     print(
         f"\nover the last half: RSS {rss:+.1%} (with children {rss_all:+.1%}), open fds "
-        f"{fds:+.1%}; flat (< 5%): {'met' if flat else 'MISSED'}; jobs done "
+        f"other than connections {held:+.1%} (connections {min(conns)}-{max(conns)}); "
+        f"flat (< 5%): {'met' if flat else 'MISSED'}; jobs done "
         f"{load.counts['done']:,} in {samples[-1]['min']:.1f} min, "
         f"{load.counts['loads']} weight loads"
     )

@@ -10,6 +10,7 @@ import aiohttp
 import msgspec
 
 __all__ = [
+    "BadGatewayError",
     "BadRequestError",
     "ConflictError",
     "ForbiddenError",
@@ -84,6 +85,13 @@ class InsufficientStorageError(ServiceUnavailableError):
     was created. ``retry_after`` says when to try again (or use another server)."""
 
 
+class BadGatewayError(RolloutError):
+    """502: an engine failed a weight operation (it serves its old weights); ``failed``
+    lists those engines (empty: a 502 from something in between)."""
+
+    failed: tuple[str, ...] = ()
+
+
 class GatewayTimeoutError(RolloutError):
     """504: an engine did not answer a weight call within ``pool.weights_timeout_s``;
     ``timed_out`` lists those engines (empty: a 504 from something in between)."""
@@ -101,6 +109,7 @@ _ERRORS: dict[int, type[RolloutError]] = {
     413: PayloadTooLargeError,
     422: UnprocessableError,
     429: TooManyRequestsError,
+    502: BadGatewayError,
     503: ServiceUnavailableError,
     504: GatewayTimeoutError,
     507: InsufficientStorageError,
@@ -329,6 +338,16 @@ def _job(
     return body
 
 
+def _failed_engines(doc: dict[str, Any]) -> tuple[str, ...]:
+    """The engines a weight operation's 502 names: a load's ``backends`` that failed, a
+    pause's or resume's ``errors``."""
+    backends = doc.get("backends")
+    if isinstance(backends, dict):
+        return tuple(str(a) for a, r in backends.items() if isinstance(r, dict) and r.get("error"))
+    errors = doc.get("errors")
+    return tuple(str(a) for a in errors) if isinstance(errors, dict) else ()
+
+
 def _error(status: int, raw: bytes, retry_after: str | None) -> RolloutError:
     doc: Any = None
     try:
@@ -342,4 +361,6 @@ def _error(status: int, raw: bytes, retry_after: str | None) -> RolloutError:
         error.oldest_seq = int(doc.get("oldest_seq") or 0)
     if isinstance(error, GatewayTimeoutError) and isinstance(doc, dict):
         error.timed_out = tuple(str(a) for a in doc.get("timed_out") or ())
+    if isinstance(error, BadGatewayError) and isinstance(doc, dict):
+        error.failed = _failed_engines(doc)
     return error

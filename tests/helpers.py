@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -172,12 +173,28 @@ def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]
 
 
+@dataclass
+class ServedProcess:
+    """A ``prorl-async serve`` started by ``served``; ``lines`` is its log so far."""
+
+    proc: asyncio.subprocess.Process
+    url: str
+    lines: list[str] = field(default_factory=list)
+    reader: asyncio.Task[None] | None = None  # ends when the log does (the process exited)
+
+
 @asynccontextmanager
-async def server_process(
-    tmp_path: Path, extra_env: dict[str, str], *args: str
-) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
-    env = {**os.environ, **extra_env}
+async def served(
+    state: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    prefix: tuple[str, ...] = (),
+) -> AsyncIterator[ServedProcess]:
+    """A real ``prorl-async serve`` on a free loopback port with ``state`` as its state
+    dir, run under ``prefix`` (e.g. ``nsenter ...``). Its log is read throughout (never a
+    full pipe) into ``lines``; on exit it is killed and waited for."""
     proc = await asyncio.create_subprocess_exec(
+        *prefix,
         sys.executable,
         "-m",
         "prorl_async.cli",
@@ -185,25 +202,44 @@ async def server_process(
         "--port",
         "0",
         "--state-dir",
-        str(tmp_path / "state"),
+        str(state),
         *args,
         stderr=asyncio.subprocess.PIPE,
         env=env,
     )
+    server = ServedProcess(proc, "")
     try:
         assert proc.stderr is not None
-        async with asyncio.timeout(30):
-            while True:
+        async with asyncio.timeout(60):
+            while not server.url:
                 line = (await proc.stderr.readline()).decode()
-                assert line, "server exited before listening"
+                assert line, f"server exited before listening: {server.lines}"
+                server.lines.append(line)
                 found = re.search(r"listening on (http://\S+)", line)
                 if found:
-                    break
-        yield proc, found.group(1)
+                    server.url = found.group(1)
+        server.reader = asyncio.create_task(_read_log(proc.stderr, server.lines))
+        yield server
     finally:
         if proc.returncode is None:
             proc.kill()
-            await proc.wait()
+        await proc.wait()
+        if server.reader is not None:
+            await server.reader  # ends at the end of the log
+
+
+async def _read_log(stream: asyncio.StreamReader, lines: list[str]) -> None:
+    while line := await stream.readline():
+        lines.append(line.decode())
+
+
+@asynccontextmanager
+async def server_process(
+    tmp_path: Path, extra_env: dict[str, str], *args: str
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, str]]:
+    """``served`` with ``tmp_path / "state"`` and ``extra_env`` over this environment."""
+    async with served(tmp_path / "state", *args, env={**os.environ, **extra_env}) as server:
+        yield server.proc, server.url
 
 
 @asynccontextmanager

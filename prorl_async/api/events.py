@@ -19,7 +19,8 @@ import msgspec
 from aiohttp import web
 
 from prorl_async.api.access import viewer
-from prorl_async.api.routes import SERVICE, json_response, wait_param
+from prorl_async.api.params import query_int, query_seconds
+from prorl_async.api.routes import SERVICE, json_response
 from prorl_async.core.errors import BadRequest
 from prorl_async.core.resultlog import LogEntry
 from prorl_async.notify.config import EventsConfig
@@ -47,22 +48,6 @@ async def _close(app: web.Application) -> None:
     app[SERVICE].close_feeds()
 
 
-# -- parameters -------------------------------------------------------------------------
-
-
-def _int(request: web.Request, name: str, default: int | None, hi: int) -> int | None:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= hi:
-        raise BadRequest(f"{name}: expected an integer from 0 to {hi}, got {raw!r}")
-    return value
-
-
 # -- GET /results -----------------------------------------------------------------------
 
 
@@ -70,9 +55,9 @@ def _int(request: web.Request, name: str, default: int | None, hi: int) -> int |
 async def results(request: web.Request) -> web.Response:
     svc = request.app[SERVICE]
     me = viewer(request).name
-    cursor = svc.cursor(me, _int(request, "after", None, 2**62))
-    limit = _int(request, "limit", 100, MAX_LIMIT) or 0
-    wait = wait_param(request)
+    cursor = svc.cursor(me, query_int(request.query, "after", None, 2**62))
+    limit = query_int(request.query, "limit", 100, MAX_LIMIT) or 0
+    wait = query_seconds(request.query, "wait")
     return json_response(await svc.results_after(me, cursor, limit, wait))
 
 
@@ -86,7 +71,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     resume = request.headers.get("Last-Event-ID")
     if resume is not None and not resume.strip().isdigit():
         raise BadRequest(f"Last-Event-ID: expected a seq (an integer), got {resume!r}")
-    after = int(resume) if resume is not None else _int(request, "after", None, 2**62)
+    after = int(resume) if resume is not None else query_int(request.query, "after", None, 2**62)
     cursor = svc.cursor(me, after, svc.last_seq(me))  # neither given: from now on
     resp = web.StreamResponse(
         headers={

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any, TypeVar
 
 import msgspec
@@ -11,6 +10,7 @@ from aiohttp import web
 
 from prorl_async.api.access import viewer
 from prorl_async.api.openapi import openapi_document
+from prorl_async.api.params import query_seconds
 from prorl_async.core.errors import BadRequest, NotFound, RequestTimeout, Unavailable
 from prorl_async.schemas import (
     AddLLMServerRequest,
@@ -80,17 +80,6 @@ async def _decode(request: web.Request, kind: type[T]) -> T:
     return result
 
 
-def _wait_param(request: web.Request) -> float:
-    raw = request.query.get("wait", "0")
-    try:
-        wait = float(raw)
-    except ValueError:
-        raise BadRequest(f"wait: expected seconds as a number, got {raw!r}") from None
-    if not math.isfinite(wait) or wait < 0:
-        raise BadRequest(f"wait: must be a finite number >= 0, got {raw!r}")
-    return wait
-
-
 def _service(request: web.Request) -> RolloutService:
     return request.app[SERVICE]
 
@@ -98,7 +87,6 @@ def _service(request: web.Request) -> RolloutService:
 # For the route families in their own modules (api/weights.py, ...).
 decode_body = _decode
 json_response = _json
-wait_param = _wait_param
 
 
 # -- jobs ------------------------------------------------------------------------------------
@@ -120,7 +108,7 @@ async def process_batch(request: web.Request) -> web.Response:
 
 @routes.get("/jobs/{job_id}")
 async def get_job(request: web.Request) -> web.Response:
-    wait = _wait_param(request)
+    wait = query_seconds(request.query, "wait")
     job_id = request.match_info["job_id"]
     answer = await _service(request).result(job_id, viewer(request).name, wait)
     if isinstance(answer, bytes):

@@ -8,6 +8,7 @@ from prorl_async.trainer.errors import (
     PromptsExhausted,
     RolloutStalled,
     TrainerError,
+    WeightsFailed,
     WeightsTimeout,
 )
 from prorl_async.trainer.filters import FILTERS, GroupFilter, nonzero_std
@@ -23,6 +24,7 @@ __all__ = [
     "RolloutManager",
     "RolloutStalled",
     "TrainerError",
+    "WeightsFailed",
     "WeightsTimeout",
     "load_cluster",
     "nonzero_std",

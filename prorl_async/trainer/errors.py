@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["PromptsExhausted", "RolloutStalled", "TrainerError", "WeightsTimeout"]
+__all__ = [
+    "PromptsExhausted",
+    "RolloutStalled",
+    "TrainerError",
+    "WeightsFailed",
+    "WeightsTimeout",
+]
 
 
 class TrainerError(RuntimeError):
@@ -21,11 +27,17 @@ class RolloutStalled(TrainerError):
         self.diagnosis = diagnosis
 
 
-class WeightsTimeout(TrainerError):
-    """``set_weights(path=...)``: an engine did not answer within the server's
-    ``pool.weights_timeout_s``. The other engines serve the new version (it is recorded);
-    those in ``engines`` are out of rotation until they answer and are given it."""
+class WeightsFailed(TrainerError):
+    """``set_weights(path=...)`` did not reach every engine: those in ``engines`` failed
+    their load (a bad checkpoint, an engine error) and serve their old weights. The
+    others serve the new version, and it is recorded."""
 
     def __init__(self, message: str, engines: list[str]) -> None:
         super().__init__(message)
         self.engines = engines
+
+
+class WeightsTimeout(WeightsFailed):
+    """``set_weights(path=...)``: an engine did not answer within the server's
+    ``pool.weights_timeout_s``. The other engines serve the new version (it is recorded);
+    those in ``engines`` are out of rotation until they answer and are given it."""

@@ -13,13 +13,19 @@ from typing import Any, Literal
 
 import aiohttp
 
-from prorl_async.client import GatewayTimeoutError, RolloutClient, RolloutError
+from prorl_async.client import (
+    BadGatewayError,
+    GatewayTimeoutError,
+    RolloutClient,
+    RolloutError,
+)
 from prorl_async.trainer.cluster import load_cluster
 from prorl_async.trainer.dispatch import Dispatcher, Settings, result_cost
 from prorl_async.trainer.errors import (
     PromptsExhausted,
     RolloutStalled,
     TrainerError,
+    WeightsFailed,
     WeightsTimeout,
 )
 from prorl_async.trainer.filters import GroupFilter, resolve_filter
@@ -307,7 +313,9 @@ class RolloutManager:
 
         Raises :class:`WeightsTimeout` naming the engines that did not answer a load
         within their server's ``pool.weights_timeout_s`` (the version is recorded: the
-        other engines serve it, and those are given it before they serve again).
+        other engines serve it, and those are given it before they serve again), and
+        :class:`WeightsFailed` naming the engines that failed their load (they serve their
+        old weights; the version is recorded for the others).
         """
         dispatcher = self._require()
         if isinstance(version, bool) or not isinstance(version, int):
@@ -317,10 +325,10 @@ class RolloutManager:
         if mode not in ("abort", "keep", "wait"):
             raise ValueError(f"mode must be 'abort', 'keep' or 'wait', got {mode!r}")
         self._staleness.check(version)
-        timeouts: list[WeightsTimeout] = []
+        partial: list[WeightsFailed] = []
         if path is not None:
             loads = (self._load_weights(s, version, path, mode) for s in dispatcher.pool.healthy)
-            timeouts = _timeouts(await asyncio.gather(*loads, return_exceptions=True))
+            partial = _partial(await asyncio.gather(*loads, return_exceptions=True))
         else:
             addresses = list(backends or ())
             if not addresses:
@@ -328,9 +336,12 @@ class RolloutManager:
             await self._swap(dispatcher, version, addresses)
         self._staleness.set_version(version)
         dispatcher.wake.set()
-        if timeouts:
-            engines = [e for t in timeouts for e in t.engines]
-            raise WeightsTimeout("; ".join(map(str, timeouts)), engines) from timeouts[0]
+        if partial:
+            # As the server answers: a timeout (504) wins over a failed load (502).
+            timeouts = [p for p in partial if isinstance(p, WeightsTimeout)]
+            kind = WeightsTimeout if timeouts else WeightsFailed
+            engines = [e for p in timeouts or partial for e in p.engines]
+            raise kind("; ".join(map(str, partial)), engines) from (timeouts or partial)[0]
 
     def metrics(self) -> dict[str, Any]:
         """Counters, waste by cause, version lags, per-server state; see docs/trainer.md."""
@@ -413,6 +424,15 @@ class RolloutManager:
                 f"and is given version {version}: {exc.detail}"
             )
             raise WeightsTimeout(msg, list(exc.timed_out)) from exc
+        except BadGatewayError as exc:
+            if not exc.failed:  # not our server's answer: something in between
+                self._require().server_failed(server, exc)
+                return
+            msg = (
+                f"{server.url}: set_weights(path=...): engine {', '.join(exc.failed)} failed "
+                f"the load of version {version} and serves its old weights: {exc.detail}"
+            )
+            raise WeightsFailed(msg, list(exc.failed)) from exc
         except Exception as exc:
             if transport_class(exc) is None:
                 raise TrainerError(f"{server.url}: set_weights(path=...) failed: {exc}") from exc
@@ -445,12 +465,13 @@ class RolloutManager:
             )
 
 
-def _timeouts(outcomes: list[Any]) -> list[WeightsTimeout]:
-    """The loads' timeouts; any other error is raised as is."""
+def _partial(outcomes: list[Any]) -> list[WeightsFailed]:
+    """The loads some engines did not take (timed out or failed); any other error is
+    raised as is."""
     for out in outcomes:
-        if isinstance(out, BaseException) and not isinstance(out, WeightsTimeout):
+        if isinstance(out, BaseException) and not isinstance(out, WeightsFailed):
             raise out
-    return [out for out in outcomes if isinstance(out, WeightsTimeout)]
+    return [out for out in outcomes if isinstance(out, WeightsFailed)]
 
 
 def _server_urls(servers: Iterable[str] | None, cluster: str | Path | None) -> list[str]:

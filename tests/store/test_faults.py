@@ -12,16 +12,15 @@ import re
 import shutil
 import signal
 import sqlite3
-import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.helpers import eventually
+from tests.helpers import ServedProcess, eventually, served
 from tests.proctree import cmdline, descendants
 
 COMMIT_TIMEOUT_S = 2.0
@@ -30,62 +29,16 @@ BOUND_S = COMMIT_TIMEOUT_S + 5.0
 PAD = "x" * 16_384  # metadata that makes each accepted row fill WAL pages
 
 
-@dataclass
-class _Server:
-    proc: asyncio.subprocess.Process
-    url: str
-    lines: list[str] = field(default_factory=list)
-    reader: asyncio.Task[None] | None = None
-
-    def writer_pid(self) -> int:
-        found = [p for p in descendants(self.proc.pid) if "_commit.py" in cmdline(p)]
-        assert len(found) == 1, [cmdline(p) for p in descendants(self.proc.pid)]
-        return found[0]
+def _serve(
+    state: Path, *args: str, prefix: tuple[str, ...] = ()
+) -> contextlib.AbstractAsyncContextManager[ServedProcess]:
+    return served(state, "--commit-timeout-s", str(COMMIT_TIMEOUT_S), *args, prefix=prefix)
 
 
-@contextlib.asynccontextmanager
-async def _serve(state: Path, *args: str, prefix: tuple[str, ...] = ()) -> AsyncIterator[_Server]:
-    """A real ``prorl-async serve`` on loopback (its log read throughout: never a full pipe)."""
-    proc = await asyncio.create_subprocess_exec(
-        *prefix,
-        sys.executable,
-        "-m",
-        "prorl_async.cli",
-        "serve",
-        "--port",
-        "0",
-        "--state-dir",
-        str(state),
-        "--commit-timeout-s",
-        str(COMMIT_TIMEOUT_S),
-        *args,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    server = _Server(proc, "")
-    try:
-        assert proc.stderr is not None
-        async with asyncio.timeout(60):
-            while not server.url:
-                line = (await proc.stderr.readline()).decode()
-                assert line, f"server exited before listening: {server.lines}"
-                server.lines.append(line)
-                found = re.search(r"listening on (http://\S+)", line)
-                if found:
-                    server.url = found.group(1)
-        server.reader = asyncio.create_task(_read_log(proc, server.lines))
-        yield server
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-        await proc.wait()
-        if server.reader is not None:
-            await server.reader  # ends at the end of the log
-
-
-async def _read_log(proc: asyncio.subprocess.Process, lines: list[str]) -> None:
-    assert proc.stderr is not None
-    while line := await proc.stderr.readline():
-        lines.append(line.decode())
+def _writer_pid(server: ServedProcess) -> int:
+    found = [p for p in descendants(server.proc.pid) if "_commit.py" in cmdline(p)]
+    assert len(found) == 1, [cmdline(p) for p in descendants(server.proc.pid)]
+    return found[0]
 
 
 def _sleep_job(job_id: str, **stages: float) -> dict[str, Any]:
@@ -284,7 +237,7 @@ async def test_kill_9_on_a_full_disk_loses_nothing_acknowledged(tmp_path: Path) 
         acked: list[str] = []
         async with _serve(disk.inside, prefix=disk.enter()) as server:
             url = server.url
-            writer = server.writer_pid()
+            writer = _writer_pid(server)
             for i in range(3):
                 status, body, _ = await _submit(http, url, _sleep_job(f"running-{i}", run_s=1))
                 assert status == 202
@@ -320,7 +273,7 @@ async def test_a_stopped_writer_is_answered_503_within_the_bound_and_loses_nothi
     async with aiohttp.ClientSession() as http:
         async with _serve(state) as server:
             url = server.url
-            writer = server.writer_pid()
+            writer = _writer_pid(server)
             acked = [f"before-{i}" for i in range(5)]
             for job_id in acked:
                 assert (await _submit(http, url, _sleep_job(job_id)))[0] == 202
@@ -380,7 +333,7 @@ async def test_a_dead_writer_stops_the_server_with_a_clear_message(tmp_path: Pat
             acked = [f"before-{i}" for i in range(3)]
             for job_id in acked:
                 assert (await _submit(http, server.url, _sleep_job(job_id, run_s=60)))[0] == 202
-            os.kill(server.writer_pid(), signal.SIGKILL)
+            os.kill(_writer_pid(server), signal.SIGKILL)
             async with asyncio.timeout(60):
                 code = await server.proc.wait()
             assert server.reader is not None

@@ -11,13 +11,13 @@ import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from prorl_async.api.params import query_int
 from prorl_async.api.ui.dashboard import REFRESH_S
 from prorl_async.api.ui.listing import STATUSES, Filters
 from prorl_async.api.ui.render import Pages, secure
 from prorl_async.api.ui.session import COOKIE, TTL_S, VIEWER, Sessions, guard_page, safe_next
 from prorl_async.api.ui.state import UI, UiState
 from prorl_async.api.ui.trajectory import build_view, timing_bars
-from prorl_async.core.errors import BadRequest
 from prorl_async.schemas import JobStatusResponse
 from prorl_async.service import RolloutService
 from prorl_async.tenancy import Tenant
@@ -206,7 +206,12 @@ def _shown(value: Any) -> str:
 async def results(request: web.Request) -> web.StreamResponse:
     state, viewer = _state(request), request[VIEWER]
     filters = Filters.parse(dict(request.query), viewer)
-    before = _cursor(request.query.get("before"))
+    # An empty field of the filter form means no cursor.
+    before = (
+        query_int(request.query, "before", None, _MAX_CURSOR)
+        if request.query.get("before")
+        else None
+    )
     rows, nxt = await state.rows.page(viewer, filters, before, PAGE_SIZE)
     query = {k: v for k, v in msgspec.structs.asdict(filters).items() if v is not None}
     return state.pages.html(
@@ -220,18 +225,6 @@ async def results(request: web.Request) -> web.StreamResponse:
         tenants=state.browser.visible_tenants(viewer) if viewer.admin else [],
         **_common(request, viewer),
     )
-
-
-def _cursor(raw: str | None) -> int | None:
-    if not raw:
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= _MAX_CURSOR:
-        raise BadRequest(f"before: expected a seq (an integer from 0), got {raw!r}")
-    return value
 
 
 # -- anything else under /ui/ -----------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import sys
 from collections.abc import AsyncIterator
@@ -23,7 +24,7 @@ import pytest
 
 from prorl_async.llm.pool import BackendPool, PoolConfig
 from prorl_async.llm.weights import WeightsError
-from prorl_async.trainer import RolloutManager, WeightsTimeout
+from prorl_async.trainer import RolloutManager, WeightsFailed, WeightsTimeout
 from prorl_async.trainer.loop import LoopLag
 from tests.helpers import ServerFactory, eventually
 from tests.llm.pool.conftest import StartLLM
@@ -64,8 +65,9 @@ class Stoppable:
 
 
 @contextlib.asynccontextmanager
-async def stoppable() -> AsyncIterator[Stoppable]:
+async def stoppable(prefix: tuple[str, ...] = ()) -> AsyncIterator[Stoppable]:
     proc = await asyncio.create_subprocess_exec(
+        *prefix,
         *(sys.executable, "-m", "prorl_async.scripted_llm", "--port", "0"),
         *("--load-s", str(LOAD_S)),
         stdout=asyncio.subprocess.PIPE,
@@ -220,6 +222,47 @@ async def test_set_weights_raises_naming_the_engine_and_a_later_load_is_deferred
         await eventually(lambda: _taken_back_at(srv, engine.address, 3), timeout=LOAD_S + 15)
         state = await engine.weights()
         assert (state["version"], state["path"]) == ("3", second)
+
+
+async def test_set_weights_raises_naming_an_engine_that_failed_its_load(
+    start_llm: StartLLM, make_server: ServerFactory, tmp_path: Path
+) -> None:
+    """The engine's node does not see the checkpoint (a node-local disk): the server's
+    check passes, the engine refuses the load (502). The trainer is told, not left to
+    believe every engine serves the new version."""
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare (util-linux) for a private mount namespace")
+    other = await start_llm()
+    shared = tmp_path / "shared"
+    (shared / "v2").mkdir(parents=True)
+    path = checkpoint(shared / "v2")
+    unshare = ("unshare", "-m") if os.geteuid() == 0 else ("unshare", "-r", "-m")
+    # The engine runs where an empty tmpfs hides the directory the checkpoint is in.
+    hidden = (*unshare, "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"', str(shared))
+    async with (
+        stoppable(hidden) as engine,
+        make_server(runtime="local", pool=POOL) as srv,
+        RolloutManager(
+            servers=[srv.url],
+            prompts=mixed_prompts(4),
+            group_size=2,
+            batch_groups=1,
+            progress=False,
+        ) as manager,
+    ):
+        await srv.client.add_llm_server(engine.address, weight_version=1)
+        await srv.client.add_llm_server(other.address, weight_version=1)
+        with pytest.raises(WeightsFailed) as info:
+            await manager.set_weights(version=2, path=path)
+        assert not isinstance(info.value, WeightsTimeout)
+        assert info.value.engines == [engine.address]
+        assert "no such directory" in str(info.value) and engine.address in str(info.value)
+        assert manager.metrics()["current_version"] == 2  # the other engine serves it
+        versions = {
+            a: w["weight_version"] for a, w in _by_address(await srv.client.weights()).items()
+        }
+        assert versions == {engine.address: 1, other.address: 2}
+        assert not manager.metrics()["servers"][srv.url]["quarantined"]  # the server is fine
 
 
 async def _taken_back_at(srv: Any, address: str, version: int) -> bool:
