@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import signal
 import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
 
 from prorl_async.cluster import assign, load_spec
+from prorl_async.sandbox.keeper import tagged
 from tests.cluster.jobs import (
     PRORL,
     SCRIPTED_LLM,
@@ -25,8 +28,10 @@ from tests.cluster.jobs import (
 )
 from tests.cluster.slurm import ADDRS, PrivateSlurm
 from tests.helpers import eventually_sync
+from tests.proctree import cmdline, descendants
 
 TOKEN = "t0ken-not-on-any-command-line"
+GONE_WITHIN_S = 5.0  # issue 44's bound on what a killed server leaves
 
 
 def _tasks(path: Path, n: int) -> Path:
@@ -289,3 +294,55 @@ def test_batch_sigterm_stops_a_compound_trainer_and_its_children(
     out = (tmp_path / "job.out").read_text()
     assert "stopping the trainer" in out, out
     assert not os.path.exists(f"/proc/{pid_file.read_text()}"), out
+
+
+def test_a_server_killed_inside_the_job_leaves_no_sandbox_process(
+    slurm: PrivateSlurm, tmp_path: Path
+) -> None:
+    """Under Slurm, with the job going on (so neither the step's end nor its cgroup cleans
+    up): a rollout server SIGKILLed mid-run leaves no process of its sandboxes 5 s later.
+    Two servers on the node: the other one, and the job, live on."""
+    env = {
+        **_llm_env(f"{SCRIPTED_LLM} --ttft 0.5"),
+        "PRORL_LLM_NODES": "n1",
+        "PRORL_LLMS_PER_NODE": "1",
+        "PRORL_SERVERS_PER_NODE": "2",
+        "PRORL_STATE_ROOT": str(tmp_path / "state"),
+        "PRORL_TRAINER_CMD": _collect(tmp_path, 100),
+    }
+    job = submit(slurm, tmp_path, env, "-N", "1", "-w", "n1")
+    try:
+        eventually_sync(
+            lambda: len(_sandboxed_servers(job)) == 2,
+            90,
+            lambda: f"two servers with sandboxes; job.out: {(tmp_path / 'job.out').read_text()}",
+        )
+        servers = _sandboxed_servers(job)
+        victim = sorted(servers)[random.Random(44).randrange(2)]
+        tag = servers[victim]
+        assert tagged(tag), "the server to kill has sandbox processes"
+        os.kill(victim, signal.SIGKILL)
+        eventually_sync(
+            lambda: not tagged(tag),
+            GONE_WITHIN_S,
+            lambda: f"left: {[cmdline(p) for p in tagged(tag)]}",
+            interval=0.1,
+        )
+        survivor = next(p for p in servers if p != victim)
+        assert survivor in job_processes(job), "the other server lives on"
+        assert job_field(slurm, job, "JobState") == "RUNNING"
+    finally:
+        slurm.run("scancel", job)
+        wait_no_processes(job, 30)
+
+
+def _sandboxed_servers(job: str) -> dict[int, str]:
+    """The job's rollout servers that run a sandbox keeper: pid -> their sandboxes' tag."""
+    found = {}
+    for pid, cmd in job_processes(job).items():
+        if " serve " not in f"{cmd} ":
+            continue
+        keepers = [p for p in descendants(pid) if "sandbox/keeper.py" in cmdline(p)]
+        if keepers:
+            found[pid] = cmdline(keepers[0]).rsplit(" ", 1)[1]
+    return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import shutil
 import subprocess
@@ -48,6 +49,7 @@ async def outside_server() -> AsyncIterator[tuple[str, int]]:
     """A TCP server in a network namespace this test creates (veth to the host): an "outside"
     address that is none of the host's own."""
     require(shutil.which("ip") is not None, "no iproute2 (ip)")
+    require(os.geteuid() == 0, "ip netns (the test's outside address) needs root")
     tag = uuid.uuid4().hex[:6]
     ns, host_if, ns_if = f"prorl-t{tag}", f"pvh{tag}", f"pvn{tag}"
     net = f"10.{random.randrange(200, 250)}.{random.randrange(256)}"
@@ -110,7 +112,7 @@ async def test_allowed_network_reaches_outside_but_not_host_loopback(
     server, port = await _host_listener()
     spec = SandboxSpec(network=True, files={"c.py": _CONNECT})
     try:
-        async with outside_server() as (addr, out_port), server, await bwrap.start(spec) as sb:
+        async with server, outside_server() as (addr, out_port), await bwrap.start(spec) as sb:
             outside = await sb.exec(f"python3 c.py {addr} {out_port}", timeout=20)
             assert outside.stdout.split() == ["GOT", "outside-hello"], outside
             for host in ("127.0.0.1", "10.0.2.2"):  # the sandbox's own lo; slirp's host alias
