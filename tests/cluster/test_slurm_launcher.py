@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from prorl_async.cluster import assign, load_spec
-from prorl_async.sandbox.keeper import tagged
+from prorl_async.sandbox.keeper import sweep, tagged
 from tests.cluster.jobs import (
     PRORL,
     SCRIPTED_LLM,
@@ -311,6 +311,7 @@ def test_a_server_killed_inside_the_job_leaves_no_sandbox_process(
         "PRORL_TRAINER_CMD": _collect(tmp_path, 100),
     }
     job = submit(slurm, tmp_path, env, "-N", "1", "-w", "n1")
+    tag = ""
     try:
         eventually_sync(
             lambda: len(_sandboxed_servers(job)) == 2,
@@ -333,6 +334,8 @@ def test_a_server_killed_inside_the_job_leaves_no_sandbox_process(
         assert job_field(slurm, job, "JobState") == "RUNNING"
     finally:
         slurm.run("scancel", job)
+        if tag:
+            sweep(tag)  # a failing run leaves nothing either (linuxproc tracks no orphans)
         wait_no_processes(job, 30)
 
 
