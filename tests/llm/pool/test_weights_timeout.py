@@ -196,17 +196,8 @@ async def test_set_weights_raises_naming_the_engine_and_a_later_load_is_deferred
     first, second = checkpoint(tmp_path / "v2"), checkpoint(tmp_path / "v3")
     async with (
         stoppable() as engine,
-        make_server(runtime="local", pool=POOL) as srv,
-        RolloutManager(
-            servers=[srv.url],
-            prompts=mixed_prompts(4),
-            group_size=2,
-            batch_groups=1,
-            progress=False,
-        ) as manager,
+        _managed(make_server, engine.address, other.address) as (srv, manager),
     ):
-        await srv.client.add_llm_server(engine.address, weight_version=1)
-        await srv.client.add_llm_server(other.address, weight_version=1)
         set_weights = asyncio.create_task(manager.set_weights(version=2, path=first))
         await eventually(lambda: engine.loading(first), what="the engine's load under way")
         engine.stop()
@@ -241,17 +232,8 @@ async def test_set_weights_raises_naming_an_engine_that_failed_its_load(
     hidden = (*unshare, "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"', str(shared))
     async with (
         stoppable(hidden) as engine,
-        make_server(runtime="local", pool=POOL) as srv,
-        RolloutManager(
-            servers=[srv.url],
-            prompts=mixed_prompts(4),
-            group_size=2,
-            batch_groups=1,
-            progress=False,
-        ) as manager,
+        _managed(make_server, engine.address, other.address) as (srv, manager),
     ):
-        await srv.client.add_llm_server(engine.address, weight_version=1)
-        await srv.client.add_llm_server(other.address, weight_version=1)
         with pytest.raises(WeightsFailed) as info:
             await manager.set_weights(version=2, path=path)
         assert not isinstance(info.value, WeightsTimeout)
@@ -263,6 +245,26 @@ async def test_set_weights_raises_naming_an_engine_that_failed_its_load(
         }
         assert versions == {engine.address: 1, other.address: 2}
         assert not manager.metrics()["servers"][srv.url]["quarantined"]  # the server is fine
+
+
+@contextlib.asynccontextmanager
+async def _managed(
+    make_server: ServerFactory, *engines: str
+) -> AsyncIterator[tuple[Any, RolloutManager]]:
+    """A server with ``engines`` registered at version 1, and a manager over it."""
+    async with (
+        make_server(runtime="local", pool=POOL) as srv,
+        RolloutManager(
+            servers=[srv.url],
+            prompts=mixed_prompts(4),
+            group_size=2,
+            batch_groups=1,
+            progress=False,
+        ) as manager,
+    ):
+        for address in engines:
+            await srv.client.add_llm_server(address, weight_version=1)
+        yield srv, manager
 
 
 async def _taken_back_at(srv: Any, address: str, version: int) -> bool:
