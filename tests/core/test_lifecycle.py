@@ -17,7 +17,7 @@ import pytest
 from prorl_async.client import RolloutClient
 from prorl_async.config import ConfigError, load_config
 from prorl_async.service.rollout import _new_job_id
-from tests.helpers import server_process
+from tests.helpers import ServedProcess, served, server_process
 from tests.proctree import descendants
 
 PLUGIN = '''
@@ -99,7 +99,9 @@ async def test_entry_point_plugin_and_sigterm_with_200_jobs(
     tmp_path: Path, plugin_site: Path
 ) -> None:
     env = {"PYTHONPATH": f"{plugin_site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    async with server_process(tmp_path, env, "--run-workers", "64") as (proc, url):
+    env = {**os.environ, **env}
+    async with served(tmp_path / "state", "--run-workers", "64", env=env) as server:
+        proc, url, started = server.proc, server.url, len(server.lines)
         async with RolloutClient(url) as client:
             first = await client.submit("hold", {"run_s": 0})
             res = await client.result(first, wait=20)
@@ -113,16 +115,22 @@ async def test_entry_point_plugin_and_sigterm_with_200_jobs(
                 while len(descendants(proc.pid)) < 40:
                     await client.status()
             children = descendants(proc.pid)
-        assert proc.stderr is not None
         proc.send_signal(signal.SIGTERM)
         async with asyncio.timeout(30):
-            rest = (await proc.stderr.read()).decode()
             code = await proc.wait()
+            rest = await _log_after(server, started)
         assert code == 0, rest
         assert "Traceback" not in rest and "Warning" not in rest and "was destroyed" not in rest
         assert "stopped cleanly" in rest
         alive = [p for p in children if _not_zombie(p)]
         assert alive == []
+
+
+async def _log_after(server: ServedProcess, start: int) -> str:
+    """The server's log from line ``start`` to its end (the process has exited)."""
+    assert server.reader is not None
+    await server.reader
+    return "".join(server.lines[start:])
 
 
 def _not_zombie(pid: int) -> bool:
@@ -203,7 +211,8 @@ async def test_sigterm_with_live_sandboxes_leaves_nothing(tmp_path: Path) -> Non
 
     problem = bwrap_problem()
     require(problem is None, f"bubblewrap cannot create sandboxes here: {problem}")
-    async with server_process(tmp_path, {}, "--runtime", "bwrap") as (proc, url):
+    async with served(tmp_path / "state", "--runtime", "bwrap") as server:
+        proc, url, started = server.proc, server.url, len(server.lines)
         async with RolloutClient(url) as client:
             # No LLM backend is registered: each job starts its sandbox in INIT, then
             # waits in RUN for a backend while holding it.
@@ -216,10 +225,9 @@ async def test_sigterm_with_live_sandboxes_leaves_nothing(tmp_path: Path) -> Non
             children = descendants(proc.pid)
             assert len(children) >= 8 * 2  # bwrap + tool server per sandbox at least
         proc.send_signal(signal.SIGTERM)
-        assert proc.stderr is not None
         async with asyncio.timeout(60):
-            rest = (await proc.stderr.read()).decode()
             code = await proc.wait()
+            rest = await _log_after(server, started)
         assert code == 0, rest
         assert "Traceback" not in rest
         assert [p for p in children if _not_zombie(p)] == []
