@@ -10,8 +10,9 @@ them: warm start, then for each mode, steps of
     manager.set_weights(version=step, path=checkpoint)   # in place on the same engine
 
 ``async`` keeps the engine generating (``max_version_lag`` 1, unfinished groups carried)
-while the learner trains on one core; ``sync`` generates nothing while it trains (lag 0,
-unfinished groups cancelled) and gives the learner both cores.
+while the learner trains; ``sync`` generates nothing while it trains (lag 0, unfinished
+groups cancelled). The learner runs one thread on core 1 in both (its fastest placement
+in both, measured: see ``LEARNER_CORES``).
 """
 
 from __future__ import annotations
@@ -46,15 +47,24 @@ log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
 # Placement on two cores: the engine decodes on core 0 (tiny-model decoding is
-# overhead-bound: one core is nearly as fast as two); in async mode the learner trains on
-# core 1 beside it, in sync mode on both while the engine idles.
+# overhead-bound: one core is nearly as fast as two) and the learner trains on core 1.
+# Sync's learner gets the same single thread on core 1, its fastest placement: on both
+# cores a GRPO step took 1.4 s against 0.8-1.1 s on one (20-step runs), because vLLM's
+# worker busy-waits on core 0 for a second after each engine step (its shared-memory
+# queue) and the learner's second thread there waits with it.
 ENGINE_CORES = "0"
+# The demo server's RUN workers: one per sample of a batch in flight and more, so vLLM
+# batches as many requests as the manager holds (64, the server's default, capped its
+# batches at 64: sync's rollouts took twice as long, 73 s against 35 s for 20 steps).
+RUN_WORKERS = 192
 # The policy's window (its max_position_embeddings), the engine's and the server's.
 MAX_MODEL_LEN = 1024
 # Training problems the warm start holds out to decide when to stop (the first of the
 # shuffled training set: a uniform sample of it).
 VALIDATION = 200
-LEARNER_CORES: dict[str, tuple[int, list[int]]] = {"async": (1, [1]), "sync": (2, [0, 1])}
+LEARNER_CORES: dict[str, tuple[int, list[int]]] = {"async": (1, [1]), "sync": (1, [1])}
+# The warm start runs before the engine starts: both cores are the learner's.
+WARM_START_CORES = (2, [0, 1])
 
 
 class Run:
@@ -80,7 +90,7 @@ class Run:
         """A seeded random policy, ``sft_steps`` supervised steps on the task, saved as
         ``checkpoints/step-0000``."""
         s = self.s
-        threads, cpus = LEARNER_CORES["sync"]
+        threads, cpus = WARM_START_CORES
         await self._call(
             "init",
             config=config,
@@ -401,7 +411,7 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
             engine(env, run.step0, logs / "vllm.log", ENGINE_CORES, MAX_MODEL_LEN)
         )
         server_args = ["--tokenizer", str(run.tokenizer_dir), "--store", "sqlite"]
-        server_args += ["--max-model-len", str(MAX_MODEL_LEN)]
+        server_args += ["--max-model-len", str(MAX_MODEL_LEN), "--run-workers", str(RUN_WORKERS)]
         server_args += ["--sandbox-start", "on_first_use", "--log-level", "warning"]
         run.url = await stack.enter_async_context(
             server(server_args, s.out / "state", logs / "server.log")

@@ -116,7 +116,8 @@ class Dispatcher:
     # -- dispatch ----------------------------------------------------------------------
 
     async def dispatch(self) -> None:
-        """Send pending samples to servers with free RUN slots, one batch call per server."""
+        """Send pending samples to servers with room in their window (``manager.window``),
+        one batch call per server."""
         plan = self._plan(time.monotonic())
         if plan:
             await asyncio.gather(*(self._submit(self.pool.servers[u], s) for u, s in plan.items()))

@@ -64,6 +64,7 @@ class RolloutManager:
         group_size: int,
         batch_groups: int,
         max_inflight_groups: int | None = None,
+        server_queue: int | None = None,
         group_filter: str | GroupFilter | None = "nonzero_std",
         on_batch_full: Literal["carry", "cancel"] = "carry",
         max_version_lag: int | None = 1,
@@ -80,6 +81,9 @@ class RolloutManager:
         _positive(max_inflight_groups=inflight, stall_timeout_s=stall_timeout_s)
         if sample_deadline_s is not None:
             _positive(sample_deadline_s=sample_deadline_s)
+        if server_queue is not None and server_queue < 0:
+            raise ValueError(f"server_queue must be >= 0 or None, got {server_queue}")
+        self.server_queue = server_queue
         if max_infra_retries < 0:
             raise ValueError(f"max_infra_retries must be >= 0, got {max_infra_retries}")
         if on_batch_full not in ("carry", "cancel"):
@@ -173,7 +177,7 @@ class RolloutManager:
 
     async def _open_server(self, url: str) -> ServerState:
         client = RolloutClient(url, token=self._token, session=self._session)
-        server = ServerState(url, client, DEFAULT_CAPACITY)
+        server = ServerState(url, client, window(DEFAULT_CAPACITY, self.server_queue))
         try:
             status = await client.status()
         except Exception as exc:
@@ -183,7 +187,8 @@ class RolloutManager:
             server.stats.errors += 1
             server.quarantine()
             return server
-        server.capacity = int((status.get("workers") or {}).get("run") or DEFAULT_CAPACITY)
+        run_workers = int((status.get("workers") or {}).get("run") or DEFAULT_CAPACITY)
+        server.capacity = window(run_workers, self.server_queue)
         sync(server, status)  # read results by cursor from the server's present on
         return server
 
@@ -463,6 +468,15 @@ class RolloutManager:
                 dispatcher.pool.inflight,
                 dispatcher.metrics.pass_rate,
             )
+
+
+def window(run_workers: int, server_queue: int | None) -> int:
+    """Jobs this manager keeps on a server with ``run_workers`` RUN workers: those, plus
+    ``server_queue`` queued behind them (None: as many again). Jobs waiting at the server
+    start the moment a worker frees, where a window of exactly the workers leaves each
+    freed one idle for a round trip (the result read, the next submit and its commit):
+    on a fast engine whose requests finish together that idled it a third of the time."""
+    return run_workers + (run_workers if server_queue is None else server_queue)
 
 
 def _partial(outcomes: list[Any]) -> list[WeightsFailed]:

@@ -86,7 +86,7 @@ class ServerPool:
         return iter(list(self.servers.values()))
 
     def pick(self, avoid: str | None = None) -> ServerState | None:
-        """A server with a free RUN slot; ``avoid`` only when no other server is healthy."""
+        """A server with room in its window; ``avoid`` only when no other server is healthy."""
         open_ = [s for s in self.servers.values() if s.free > 0]
         others_up = any(not s.quarantined for s in self.servers.values() if s.url != avoid)
         if others_up:

@@ -305,3 +305,52 @@ async def test_prompts_running_out_is_a_clear_error(tmp_path: Path) -> None:
         ready = int(len({planted_reward(inst, f"p3-{k}") for k in range(N)}) > 1)
         with pytest.raises(PromptsExhausted, match=rf"prompts ran out: {ready} of 2 groups ready"):
             await m.next_batch()
+
+
+@pytest.mark.parametrize(("server_queue", "queued"), [(None, 4), (0, 0), (3, 3)])
+async def test_a_server_holds_its_run_workers_plus_a_queue(
+    tmp_path: Path, server_queue: int | None, queued: int
+) -> None:
+    """The window: RUN workers busy and ``server_queue`` (default: as many) waiting behind
+    them at the server, so a freed worker starts the next job without a round trip."""
+    prompts = [planted("right", run_s=120.0, seed=i) for i in range(32)]
+    async with (
+        rig(tmp_path, servers=1, run_workers=4) as r,
+        RolloutManager(
+            servers=r.urls,
+            prompts=prompts,
+            group_size=2,
+            batch_groups=8,
+            server_queue=server_queue,
+            group_filter=None,
+            progress=False,
+        ) as m,
+        RolloutClient(r.urls[0]) as client,
+    ):
+        await m.set_weights(version=0, backends=[r.llm.address])
+
+        async def placed() -> bool:
+            status = await client.status()
+            waiting = sum(status["queues"].values())  # before INIT (admitted just in time) or RUN
+            return bool(status["active"]["run"] == 4 and waiting >= queued)
+
+        await eventually(placed, what="4 jobs running and the queue filled")
+
+        def acknowledged() -> bool:
+            return bool(m.metrics()["samples"]["submitted"] >= 4 + queued)
+
+        await eventually(acknowledged, what="the submissions acknowledged")
+        status = await client.status()
+        assert sum(status["queues"].values()) == queued
+        assert m.metrics()["samples"]["submitted"] == 4 + queued
+
+
+def test_a_negative_server_queue_is_refused() -> None:
+    with pytest.raises(ValueError, match="server_queue"):
+        RolloutManager(
+            servers=["http://127.0.0.1:1"],
+            prompts=[],
+            group_size=2,
+            batch_groups=1,
+            server_queue=-1,
+        )
