@@ -87,12 +87,14 @@ async def test_a_short_run_trains_through_the_service_in_both_modes(
     out = tmp_path / "out"
     said: list[str] = []
     opened: list[list[tuple[Any, Any]]] = []  # the engine's weights as each mode begins
+    placed: list[set[frozenset[int]]] = []  # the cores of the engine processes' threads
 
     class Recording(RolloutManager):
         async def __aenter__(self) -> RolloutManager:
             async with RolloutClient(self.urls[0]) as client:
                 backends = await client.weights()
             opened.append([(b["weight_version"], b["weights_path"]) for b in backends])
+            placed.append(_engine_cores())
             return await super().__aenter__()
 
     monkeypatch.setattr(run_module, "RolloutManager", Recording)
@@ -101,6 +103,9 @@ async def test_a_short_run_trains_through_the_service_in_both_modes(
     # loaded before the manager opens (sync follows async, whose weights are loaded).
     warm = str(out / "checkpoints" / "step-0000")
     assert opened == [[(0, warm)], [(0, warm)]], opened
+    # The engine core and the worker, every thread, on the engine's core (vLLM itself binds
+    # only the worker's OpenMP threads).
+    assert placed == [{frozenset({0})}, {frozenset({0})}], placed
     for name in ("step-0000", "final", "sync-final"):
         _checkpoint_ok(out / "checkpoints" / name)
     # The final checkpoints are the last steps' (each loaded in place by the engine).
@@ -164,3 +169,18 @@ async def test_a_dead_engine_ends_the_run_with_an_error_and_nothing_left(
     assert "stall" in text.lower() or "engine" in text.lower() or "llm" in text.lower(), text
     left = descendants(os.getpid()) - before
     assert left == set(), [cmdline(pid) for pid in left]
+
+
+def _engine_cores() -> set[frozenset[int]]:
+    """The core sets of every thread of this test's vLLM engine processes."""
+    found: set[frozenset[int]] = set()
+    for pid in descendants():
+        try:
+            if not Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::"):
+                continue
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                found.add(frozenset(os.sched_getaffinity(int(tid))))
+        except OSError:
+            continue
+    assert found, "no VLLM:: engine process under this test"
+    return found
