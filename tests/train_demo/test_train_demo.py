@@ -94,7 +94,7 @@ async def test_a_short_run_trains_through_the_service_in_both_modes(
             async with RolloutClient(self.urls[0]) as client:
                 backends = await client.weights()
             opened.append([(b["weight_version"], b["weights_path"]) for b in backends])
-            placed.append(_engine_cores())
+            placed.append(_engine_cores(out))
             return await super().__aenter__()
 
     monkeypatch.setattr(run_module, "RolloutManager", Recording)
@@ -171,10 +171,12 @@ async def test_a_dead_engine_ends_the_run_with_an_error_and_nothing_left(
     assert left == set(), [cmdline(pid) for pid in left]
 
 
-def _engine_cores() -> set[frozenset[int]]:
-    """The core sets of every thread of this test's vLLM engine processes."""
+def _engine_cores(out: Path) -> set[frozenset[int]]:
+    """The core sets of every thread of the vLLM engine processes serving this run's
+    checkpoints (other tests' engines may be running in the same session)."""
     found: set[frozenset[int]] = set()
-    for pid in descendants():
+    servers = [pid for pid in descendants() if str(out) in cmdline(pid)]
+    for pid in {p for server in servers for p in descendants(server)}:
         try:
             if not Path(f"/proc/{pid}/comm").read_text().startswith("VLLM::"):
                 continue
@@ -182,5 +184,5 @@ def _engine_cores() -> set[frozenset[int]]:
                 found.add(frozenset(os.sched_getaffinity(int(tid))))
         except OSError:
             continue
-    assert found, "no VLLM:: engine process under this test"
+    assert found, "no VLLM:: engine process serving this run"
     return found

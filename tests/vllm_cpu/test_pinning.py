@@ -45,19 +45,38 @@ def test_a_binding_that_is_not_cores_is_refused_naming_it() -> None:
         bound_cores("core0")
 
 
+# A parent of three such processes, as vLLM's API server is of its engine processes: it
+# prints their pids and ends them when its stdin closes.
+TREE = """
+import subprocess, sys
+kids = [subprocess.Popen([sys.executable, "-c", sys.argv[1], name], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+        for name in ("VLLM::EngineCor", "VLLM::Worker", "bystander")]
+for kid in kids:
+    assert kid.stdout.readline() == "ready\\n"
+print(" ".join(str(kid.pid) for kid in kids), flush=True)
+sys.stdin.read()
+for kid in kids:
+    kid.stdin.close()
+    kid.wait()
+"""
+
+
 @contextmanager
-def named(name: str) -> Iterator[subprocess.Popen[str]]:
+def engine_like_tree() -> Iterator[tuple[int, list[int]]]:
+    """The parent's pid and its children's: engine core, worker, bystander."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", NAMED, name],
+        [sys.executable, "-c", TREE, NAMED],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert proc.stdin is not None and proc.stdout is not None
     try:
-        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
-        yield proc
+        kids = [int(pid) for pid in proc.stdout.readline().split()]
+        assert len(kids) == 3, kids
+        yield proc.pid, kids
     finally:
-        assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.close()
         try:
             proc.wait(timeout=10)
@@ -76,13 +95,10 @@ def test_every_thread_of_the_engine_processes_is_pinned_and_nothing_else() -> No
     if len(allowed) < 2:
         pytest.skip("needs two usable cores to tell a pinned thread from a free one")
     core = min(allowed)
-    with (
-        named("VLLM::EngineCor") as engine_core,
-        named("VLLM::Worker") as worker,
-        named("bystander") as other,
-    ):
-        pinned = pin_engine(os.getpid(), {core})
-        assert affinities(engine_core.pid) == [{core}, {core}]
-        assert affinities(worker.pid) == [{core}, {core}]
-        assert affinities(other.pid) == [allowed, allowed]
+    with engine_like_tree() as (root, (engine_core, worker, other)):
+        pinned = pin_engine(root, {core})
+        assert affinities(engine_core) == [{core}, {core}]
+        assert affinities(worker) == [{core}, {core}]
+        assert affinities(other) == [allowed, allowed]
+        assert affinities(root) == [allowed]
         assert pinned == 4
