@@ -11,8 +11,8 @@ them: warm start, then for each mode, steps of
 
 ``async`` keeps the engine generating (``max_version_lag`` 1, unfinished groups carried)
 while the learner trains; ``sync`` generates nothing while it trains (lag 0, unfinished
-groups cancelled). The learner runs one thread on core 1 in both (its fastest placement
-in both, measured: see ``LEARNER_CORES``).
+groups cancelled). The learner runs one thread on core 1 in both, its fastest placement
+in both (measured: see ``LEARNER_CORES``).
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ MAX_MODEL_LEN = 1024
 # Training problems the warm start holds out to decide when to stop (the first of the
 # shuffled training set: a uniform sample of it).
 VALIDATION = 200
-LEARNER_CORES: dict[str, tuple[int, list[int]]] = {"async": (1, [1]), "sync": (1, [1])}
+LEARNER_CORES = (1, [1])
 # The warm start runs before the engine starts: both cores are the learner's.
 WARM_START_CORES = (2, [0, 1])
 
@@ -146,7 +146,7 @@ class Run:
     async def mode(self, mode: Mode) -> dict[str, Any]:
         """Train ``steps`` steps in ``mode`` from the warm start; returns its summary."""
         s = self.s
-        threads, cpus = LEARNER_CORES[mode]
+        threads, cpus = LEARNER_CORES
         await self._call(
             "init",
             model_dir=str(self.step0),

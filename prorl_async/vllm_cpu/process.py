@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from prorl_async.util.procs import descendants
 from prorl_async.vllm_cpu.env import SERVED_MODEL, EngineEnv
 from prorl_async.vllm_cpu.scripts import ENV_VAR
 
@@ -60,7 +61,7 @@ def pin_engine(root: int, cores: set[int]) -> int:
     both at no cost to decoding (384 requests took 1.4-1.5 s either way).
     """
     pinned = 0
-    for pid in _descendants(root):
+    for pid in descendants(root):
         try:
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
             if not comm.startswith(ENGINE_COMM_PREFIX):
@@ -73,24 +74,6 @@ def pin_engine(root: int, cores: set[int]) -> int:
                 os.sched_setaffinity(int(tid), cores)
                 pinned += 1
     return pinned
-
-
-def _descendants(root: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat[stat.rfind(")") + 2 :].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    found, i = [root], 0
-    while i < len(found):
-        found += children.get(found[i], [])
-        i += 1
-    return found[1:]
 
 
 class VllmStartError(RuntimeError):
