@@ -11,6 +11,7 @@ or re-tokenized, so the ids the model produced are kept exactly.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,10 @@ _DUMMY: tuple[dict[str, Any], ...] = (
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Hello."},
 )
+# First prompts kept tokenized, by their rendered text: a GRPO group's samples, and every
+# job of a task set that shares a system prompt, render the same text. Bounded by the
+# characters held, so long agent prompts cannot grow it without limit.
+PROMPT_CACHE_CHARS = 4 * 1024 * 1024
 
 
 class TokenizerError(ValueError):
@@ -62,6 +67,8 @@ class ChatTokenizer:
         self.eos_token = eos_token
         self.source = source
         self.eos_id = _single_id(tokenizer, eos_token, source)
+        self._prompts: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._prompt_chars = 0
 
     @property
     def hf_tokenizer(self) -> Tokenizer:
@@ -120,8 +127,21 @@ class ChatTokenizer:
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[int]:
-        """The first prompt: ``messages`` rendered with the assistant header, tokenized once."""
-        return self.encode(self.render(messages, tools, add_generation_prompt=True))
+        """The first prompt: ``messages`` rendered with the assistant header, tokenized once
+        (the ids of a text rendered recently are reused: tokenizing is deterministic)."""
+        text = self.render(messages, tools, add_generation_prompt=True)
+        cached = self._prompts.get(text)
+        if cached is not None:
+            self._prompts.move_to_end(text)
+            return list(cached)
+        ids = self.encode(text)
+        if len(text) <= PROMPT_CACHE_CHARS // 4:
+            self._prompts[text] = tuple(ids)
+            self._prompt_chars += len(text)
+            while self._prompt_chars > PROMPT_CACHE_CHARS:
+                old, _ = self._prompts.popitem(last=False)
+                self._prompt_chars -= len(old)
+        return ids
 
     def observation_segment(
         self,

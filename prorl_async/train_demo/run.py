@@ -175,29 +175,38 @@ class Run:
             await client.add_llm_server(self.engine.address, weight_version=0)
             await client.load_weights(0, str(self.step0))
         async with manager as m:
-            await m.set_weights(version=0, backends=[self.engine.address])
-            return await self._steps(mode, m)
+            # Evaluations hold the manager: no training rollout is generated while one runs
+            # (it would queue behind them, and they would be made outside the timed steps).
+            async with m.hold():
+                await m.set_weights(version=0, backends=[self.engine.address])
+                self.say(f"{mode}: held-out pass@1 of the warm start ...")
+                initial, eval_s = await self.evaluate()
+            return await self._steps(mode, m, initial, eval_s)
 
-    async def _steps(self, mode: Mode, m: RolloutManager) -> dict[str, Any]:
+    async def _steps(
+        self, mode: Mode, m: RolloutManager, initial: float, eval_s: float
+    ) -> dict[str, Any]:
         s = self.s
-        self.say(f"{mode}: held-out pass@1 of the warm start ...")
-        initial, eval_s = await self.evaluate()
         self.say(f"{mode}: warm start {initial:.3f}; {s.steps} steps")
         start = time.monotonic()
         totals = {"rollout_s": 0.0, "train_s": 0.0, "eval_s": eval_s}
-        final = initial
+        final, evaluated = initial, 0.0
         for step in range(1, s.steps + 1):
             line = await self._step(mode, m, step, start, totals)
             if step % max(s.eval_every, 1) == 0 or step == s.steps:
-                final, took = await self.evaluate()
+                # Waiting for the groups running is training (the next batch's rollouts);
+                # the evaluation itself is not.
+                async with m.hold():
+                    final, took = await self.evaluate()
                 totals["eval_s"] += took
+                evaluated += took if step < s.steps else 0.0
                 line["eval_pass_at_1"] = final
             self._record(line)
             self._progress(mode, line)
         wall = time.monotonic() - start
-        # The held-out evaluations inside the steps are not training: out of the rate
-        # (the warm start's came before ``start``).
-        training = wall - (totals["eval_s"] - eval_s)
+        # The rate: from the first step to the end of the last, less the evaluations held
+        # between steps (the warm start's came before ``start``, the last after the end).
+        training = line["wall_s"] - evaluated
         return {
             "steps": s.steps,
             "wall_s": wall,
@@ -321,6 +330,28 @@ class Run:
         while True:
             yield rng.choice(pool)
 
+    async def warm_engine(self) -> float:
+        """Run the training problems' kind of work once before any mode, untimed: a fresh
+        vLLM CPU engine is slow on its first batches of each size (the first held-out pass
+        took 17 s against 1-2 s later), and the first mode would pay for it. Returns the
+        seconds it took."""
+        t0 = time.monotonic()
+        async with RolloutClient(self.url) as client:
+            await client.add_llm_server(self.engine.address, weight_version=0)
+        problems = self._problems()
+        sampled = [next(problems) for _ in range(self.s.prompts_per_step)]
+        for temperature, pairs in ((0.0, self.heldout), (self.s.temperature, sampled)):
+            sampling = {"temperature": temperature, "max_tokens": self.s.max_tokens}
+            jobs = [
+                {"task": "math", "instance": task.instance(a, b), "sampling_params": sampling}
+                for a, b in pairs
+                for _ in range(1 if temperature == 0.0 else self.s.group_size)
+            ]
+            async with RolloutClient(self.url) as client:
+                ids = await client.submit_batch(jobs)
+                await _rewards(client, ids, self.s.step_timeout_s)
+        return time.monotonic() - t0
+
     async def evaluate(self) -> tuple[float, float]:
         """Greedy pass@1 on the held-out problems with the engine's current weights, and
         the seconds it took."""
@@ -417,6 +448,8 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
             server(server_args, s.out / "state", logs / "server.log")
         )
         summary["trainer"] = s.trainer
+        say("engine warm-up: the held-out problems and one batch, untimed ...")
+        summary["engine_warm_up_s"] = await run.warm_engine()
         if s.trainer == "trl":
             summary["modes"]["sync"] = done = await run.trl()
             final = s.out / "checkpoints" / "final"

@@ -63,6 +63,8 @@ class Dispatcher:
         self.exhausted = False
         # False between batches with on_batch_full="cancel": servers idle while the trainer trains
         self.hungry = True
+        # RolloutManager.hold() calls open: no group starts (evaluations on the same engines)
+        self.holds = 0
         self.error: BaseException | None = None
         self.wake = Waker()
         self.progress = asyncio.Event()
@@ -87,7 +89,7 @@ class Dispatcher:
         # slots do not drain while the last groups of this batch finish
         ahead = self.cfg.batch_groups if self.cfg.carry else 0
         need = self.cfg.batch_groups + ahead - len(self.ready)
-        if need <= 0 or not self.hungry:
+        if need <= 0 or not self.hungry or self.holds:
             return False
         live = len(self.reg.groups)
         rate = (self.metrics.kept + 1) / (self.metrics.kept + self.metrics.filtered + 1)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Coroutine, Iterable
+from collections.abc import AsyncIterator, Coroutine, Iterable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -347,6 +348,32 @@ class RolloutManager:
             kind = WeightsTimeout if timeouts else WeightsFailed
             engines = [e for p in timeouts or partial for e in p.engines]
             raise kind("; ".join(map(str, partial)), engines) from (timeouts or partial)[0]
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """Start no group inside the block; on entry, wait until the groups running now
+        have finished (they stay ready for the next batch).
+
+        For work that shares the engines with the rollouts, such as a held-out evaluation:
+        nothing of training runs while it does, so it neither queues behind rollouts nor
+        leaves them generated for free. The wait is bounded as ``next_batch()`` is
+        (``stall_timeout_s`` without a result raises :class:`RolloutStalled`); a
+        ``next_batch()`` inside the block waits for the groups already ready or running.
+        """
+        dispatcher = self._require()
+        dispatcher.holds += 1
+        try:
+            start = time.monotonic()
+            while dispatcher.reg.groups:
+                if dispatcher.error is not None:
+                    raise dispatcher.error
+                dispatcher.progress.clear()
+                dispatcher.wake.set()
+                await self._wait_progress(dispatcher, start)
+            yield
+        finally:
+            dispatcher.holds -= 1
+            dispatcher.wake.set()
 
     def metrics(self) -> dict[str, Any]:
         """Counters, waste by cause, version lags, per-server state; see docs/trainer.md."""

@@ -156,6 +156,9 @@ class VllmProcess:
             str(self.max_model_len),
             "--logits-processors",
             SCRIPTING,
+            # A log line per request: a rollout run makes thousands a minute (~1 MB of log
+            # every two minutes, and ~3% of the API server's CPU).
+            "--disable-uvicorn-access-log",
             *self.extra_args,
         ]
 

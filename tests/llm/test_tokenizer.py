@@ -145,3 +145,30 @@ def test_added_token_ids_are_the_chat_tokens() -> None:
     tok = load_tokenizer()
     assert {tok.decode([i]) for i in tok.added_token_ids} == set(SPECIALS + TOOL_TAGS)
     assert tok.hf_tokenizer.get_vocab_size() == tok.vocab_size
+
+
+def test_first_prompts_are_reused_exactly_and_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GRPO group renders one prompt many times: tokenized once, each caller gets its
+    own list of the same ids, and the cache holds at most its character budget."""
+    from prorl_async.llm import tokenizer as module
+
+    tok = load_tokenizer(BUNDLED_TOKENIZER_DIR)
+    calls: list[str] = []
+    encode = tok.encode
+
+    def counted(text: str) -> list[int]:
+        calls.append(text)
+        return encode(text)
+
+    monkeypatch.setattr(tok, "encode", counted)
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    first = tok.prompt_ids(messages)
+    first.append(-1)  # a caller's own list: the next one is unchanged
+    second = tok.prompt_ids(messages)
+    assert second == encode(tok.render(messages, add_generation_prompt=True))
+    assert len(calls) == 1
+    monkeypatch.setattr(module, "PROMPT_CACHE_CHARS", 4 * len(calls[0]))
+    for k in range(10):
+        tok.prompt_ids([{"role": "user", "content": f"What is {k + 10} + 3?"}])
+    assert tok._prompt_chars <= module.PROMPT_CACHE_CHARS
+    assert len(calls) == 11

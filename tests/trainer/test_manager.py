@@ -354,3 +354,37 @@ def test_a_negative_server_queue_is_refused() -> None:
             batch_groups=1,
             server_queue=-1,
         )
+
+
+async def test_hold_waits_for_running_groups_and_starts_none(tmp_path: Path) -> None:
+    """An evaluation on the same engines runs with no training rollout beside it: ``hold``
+    lets the running groups finish first, then starts none until it is left. Every group
+    here is filtered, so the manager always wants more."""
+    async with (
+        rig(tmp_path, servers=1, run_workers=4) as r,
+        RolloutManager(
+            servers=r.urls,
+            prompts=[planted("wrong", run_s=0.2, sigma=0.5, seed=i) for i in range(400)],
+            group_size=N,
+            batch_groups=B,
+            max_version_lag=1,
+            progress=False,
+        ) as m,
+        RolloutClient(r.urls[0]) as client,
+    ):
+        await m.set_weights(version=0, backends=[r.llm.address])
+        await eventually(lambda: m.metrics()["inflight_groups"] > 0, what="groups running")
+        async with m.hold():
+            held = m.metrics()
+            assert held["inflight_groups"] == 0
+            assert held["ready_groups"] == 0
+            (job_id,) = await client.submit_batch([planted("right", run_s=0.2)])
+            answer = await client.poll([job_id], wait=10.0)
+            assert [d["status"] for d in answer["done"]] == ["done"]
+            status = await client.status()
+            assert status["active"]["run"] == 0 and sum(status["queues"].values()) == 0
+            assert m.metrics()["samples"]["submitted"] == held["samples"]["submitted"]
+        await eventually(
+            lambda: m.metrics()["samples"]["submitted"] > held["samples"]["submitted"],
+            what="submissions resumed after the hold",
+        )
