@@ -51,6 +51,10 @@ class EngineEnvError(RuntimeError):
     """The engine environment could not be made or used; the message says what to do."""
 
 
+# The engine's idle spin in seconds, read by ``launch`` in the engine's processes.
+IDLE_SPIN_VAR = "PRORL_VLLM_IDLE_SPIN_S"
+
+
 def engine_home() -> Path:
     """``$PRORL_ENGINE_HOME``, else ``$XDG_CACHE_HOME/prorl-async-engines`` (``~/.cache``)."""
     if home := os.environ.get("PRORL_ENGINE_HOME"):
