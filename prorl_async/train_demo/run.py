@@ -11,8 +11,8 @@ them: warm start, then for each mode, steps of
 
 ``async`` keeps the engine generating (``max_version_lag`` 1, unfinished groups carried)
 while the learner trains; ``sync`` generates nothing while it trains (lag 0, unfinished
-groups cancelled). The learner runs one thread on core 1 in both, its fastest placement
-in both (measured: see ``LEARNER_CORES``).
+groups cancelled). Each mode's learner has its fastest measured placement
+(``LEARNER_CORES``): sync's trains on both cores while the engine idles.
 """
 
 from __future__ import annotations
@@ -46,12 +46,8 @@ __all__ = ["Run", "train_demo"]
 log = logging.getLogger(__name__)
 
 Say = Callable[[str], None]
-# Placement on two cores: the engine decodes on core 0 (tiny-model decoding is
-# overhead-bound: one core is nearly as fast as two) and the learner trains on core 1.
-# Sync's learner gets the same single thread on core 1, its fastest placement: on both
-# cores a GRPO step took 1.4 s against 0.8-1.1 s on one (20-step runs), because vLLM's
-# worker busy-waits on core 0 for a second after each engine step (its shared-memory
-# queue) and the learner's second thread there waits with it.
+# The engine decodes on core 0 (tiny-model decoding is overhead-bound: one core is nearly
+# as fast as two); its API server, the rollout server and this process float.
 ENGINE_CORES = "0"
 # The demo server's RUN workers: one per sample of a batch in flight and more, so vLLM
 # batches as many requests as the manager holds (64, the server's default, capped its
@@ -62,7 +58,11 @@ MAX_MODEL_LEN = 1024
 # Training problems the warm start holds out to decide when to stop (the first of the
 # shuffled training set: a uniform sample of it).
 VALIDATION = 200
-LEARNER_CORES = (1, [1])
+# The learner's placement in each mode, (torch threads, cores), each mode's fastest in
+# paired 20-step runs (steps/min): sync trains while nothing generates, so two threads
+# on both cores (25.96; one thread on core 1: 20.27); async shares the cores with the
+# rollouts, so one thread that may run on either (24.69; on core 1 only: 23.35).
+LEARNER_CORES: dict[Mode, tuple[int, list[int]]] = {"async": (1, [0, 1]), "sync": (2, [0, 1])}
 # The warm start runs before the engine starts: both cores are the learner's.
 WARM_START_CORES = (2, [0, 1])
 
@@ -146,7 +146,7 @@ class Run:
     async def mode(self, mode: Mode) -> dict[str, Any]:
         """Train ``steps`` steps in ``mode`` from the warm start; returns its summary."""
         s = self.s
-        threads, cpus = LEARNER_CORES
+        threads, cpus = LEARNER_CORES[mode]
         await self._call(
             "init",
             model_dir=str(self.step0),
