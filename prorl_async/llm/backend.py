@@ -64,10 +64,17 @@ class PoolConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     under the new weights (one version per turn; the partial tokens are thrown away)."""
     model: str | None = None
     """vLLM ``model`` field for backends registered without one; ``None`` asks ``/v1/models``."""
+    batch_prompts: int = 1
+    """Most prompts one vLLM request carries: calls to one backend with the same sampling
+    made together go as one ``/v1/completions`` with a list of prompts (less of the
+    engine's API server's CPU per call; each call waits for the longest of its batch).
+    1 (the default) sends each call alone. See ``prorl_async.llm.batching``."""
 
     def __post_init__(self) -> None:
         if self.failure_threshold < 1:
             raise ValueError(f"failure_threshold must be >= 1, got {self.failure_threshold}")
+        if self.batch_prompts < 1:
+            raise ValueError(f"batch_prompts must be >= 1, got {self.batch_prompts}")
         if self.retries < 0:
             raise ValueError(f"retries must be >= 0, got {self.retries}")
         for name in (

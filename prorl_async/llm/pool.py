@@ -52,6 +52,7 @@ from prorl_async.llm.backend import (
     PoolConfig,
     least_inflight,
 )
+from prorl_async.llm.batching import PromptBatcher
 from prorl_async.llm.engines import (
     EngineApi,
     EngineError,
@@ -135,6 +136,8 @@ class BackendPool:
         # Set while some backend is unhealthy or has calls open: the probe loop then runs.
         self._attention = asyncio.Event()
         self._probe_task: asyncio.Task[None] | None = None
+        # One per vLLM backend address, with ``config.batch_prompts`` > 1.
+        self._batchers: dict[str, PromptBatcher] = {}
         self._closed = False
 
     async def __aenter__(self) -> BackendPool:
@@ -143,6 +146,11 @@ class BackendPool:
         self._probe_task = asyncio.create_task(self._probe_loop(), name="backend-probe")
         self._weights = WeightUpdates(self, self._session)
         return self
+
+    @property
+    def batchers(self) -> dict[str, PromptBatcher]:
+        """The prompt batcher of each vLLM backend that has had calls (``batch_prompts`` > 1)."""
+        return dict(self._batchers)
 
     @property
     def weights(self) -> WeightUpdates:
@@ -174,6 +182,8 @@ class BackendPool:
         task, self._probe_task = self._probe_task, None
         if task is not None:
             await cancel_and_wait(task)
+        for batcher in self._batchers.values():
+            await batcher.aclose()
         if self._owns_session and self._session is not None:
             await self._session.close()
 
@@ -444,16 +454,22 @@ class BackendPool:
                 b.idle.clear()
                 self._attention.set()
                 try:
-                    gen = await complete(
-                        self._session,
-                        b.api,
-                        b.address,
-                        prompt_ids,
-                        max_tokens,
-                        sampling,
-                        model=b.model,
-                        timeout_s=timeout,
-                    )
+                    if self.config.batch_prompts > 1 and b.api == "vllm":
+                        assert b.model is not None
+                        gen = await self._batcher(b).complete(
+                            b.model, prompt_ids, max_tokens, sampling, timeout
+                        )
+                    else:
+                        gen = await complete(
+                            self._session,
+                            b.api,
+                            b.address,
+                            prompt_ids,
+                            max_tokens,
+                            sampling,
+                            model=b.model,
+                            timeout_s=timeout,
+                        )
                 finally:
                     b.open_calls.pop(stall, None)
                     if not b.open_calls:
@@ -467,6 +483,14 @@ class BackendPool:
         got = b.weight_version
         segment = Segment(0, len(gen.token_ids), sent, got if got != sent else None)
         return msgspec.structs.replace(gen, weight_version=got, segments=[segment])
+
+    def _batcher(self, b: Backend) -> PromptBatcher:
+        batcher = self._batchers.get(b.address)
+        if batcher is None:
+            assert self._session is not None
+            batcher = PromptBatcher(self._session, b.address, max_prompts=self.config.batch_prompts)
+            self._batchers[b.address] = batcher
+        return batcher
 
     async def _move(
         self, lease: Lease, avoid: frozenset[str], attempt: int, cause: EngineError

@@ -53,6 +53,11 @@ ENGINE_CORES = "0"
 # batches as many requests as the manager holds (64, the server's default, capped its
 # batches at 64: sync's rollouts took twice as long, 73 s against 35 s for 20 steps).
 RUN_WORKERS = 192
+# Prompts one vLLM request may carry (the server's pool.batch_prompts): the demo's turns
+# are one-turn with one max_tokens, and vLLM's API server, whose CPU is per request,
+# shares the cores with everything else (a batch held ~20 prompts; the API server's CPU
+# a step halved).
+BATCH_PROMPTS = 64
 # The policy's window (its max_position_embeddings), the engine's and the server's.
 MAX_MODEL_LEN = 1024
 # Training problems the warm start holds out to decide when to stop (the first of the
@@ -441,7 +446,10 @@ async def train_demo(s: Settings, say: Say) -> dict[str, Any]:
         run.engine = await stack.enter_async_context(
             engine(env, run.step0, logs / "vllm.log", ENGINE_CORES, MAX_MODEL_LEN)
         )
-        server_args = ["--tokenizer", str(run.tokenizer_dir), "--store", "sqlite"]
+        config_path = s.out / "server.toml"
+        config_path.write_text(f"[pool]\nbatch_prompts = {BATCH_PROMPTS}\n")
+        server_args = ["--config", str(config_path)]
+        server_args += ["--tokenizer", str(run.tokenizer_dir), "--store", "sqlite"]
         server_args += ["--max-model-len", str(MAX_MODEL_LEN), "--run-workers", str(RUN_WORKERS)]
         server_args += ["--sandbox-start", "on_first_use", "--log-level", "warning"]
         run.url = await stack.enter_async_context(
