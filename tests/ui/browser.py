@@ -100,7 +100,16 @@ class Chromium:
 
     async def _connect(self) -> None:
         port_file = self.profile / "DevToolsActivePort"
-        await eventually(port_file.exists, timeout=30, what="Chromium's DevToolsActivePort")
+
+        def written() -> bool:
+            # Chromium creates the file, then writes its port and path: an empty or half
+            # file was seen on a loaded machine.
+            try:
+                return len(port_file.read_text().split()) >= 2
+            except FileNotFoundError:
+                return False
+
+        await eventually(written, timeout=30, what="Chromium's DevToolsActivePort, written")
         port, path = port_file.read_text().split()[:2]
         self._session = aiohttp.ClientSession()
         self._ws = await self._session.ws_connect(f"ws://127.0.0.1:{port}{path}", max_msg_size=0)
