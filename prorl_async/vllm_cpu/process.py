@@ -56,9 +56,10 @@ def pin_engine(root: int, cores: set[int]) -> int:
     vLLM binds only its worker's OpenMP threads. The engine-core process, which schedules
     each step and busy-waits for the worker's answer (its shared-memory queue spins after
     each read: a second with vLLM's own setting, see :mod:`.launch`), floats over every
-    core and takes time from whatever else runs there (train-demo, 20 async steps: the learner's time 30 s with it floating, 24 s with
-    it on the worker's core). The two hand work to each other in turn, so one core holds
-    both at no cost to decoding (384 requests took 1.4-1.5 s either way).
+    core and takes time from whatever else runs there (train-demo, 20 async steps: the
+    learner's time 30 s with it floating, 24 s with it on the worker's core). The two
+    hand work to each other in turn, so one core holds both at no cost to decoding (384
+    requests took 1.4-1.5 s either way).
     """
     pinned = 0
     for pid in descendants(root):
