@@ -26,9 +26,9 @@ import aiohttp
 from prorl_async.llm.engines import (
     EngineRejected,
     MalformedResponse,
-    _post_json,
     complete_vllm,
     parse_vllm,
+    post_vllm_completions,
     vllm_body,
 )
 from prorl_async.llm.generation import Generation
@@ -36,29 +36,37 @@ from prorl_async.util.tasks import cancel_and_wait
 
 __all__ = ["PromptBatcher"]
 
-_Key = tuple[str, int, str, float | None]
+# Calls batch together when they share these: the model, max_tokens, the sampling (JSON).
+_Key = tuple[str, int, str]
+Outcome = Generation | Exception
 
 
 class _Batch:
-    __slots__ = ("futures", "max_tokens", "model", "prompts", "sampling", "timeout_s")
+    __slots__ = ("futures", "max_tokens", "model", "prompts", "sampling")
 
-    def __init__(
-        self, model: str, max_tokens: int, sampling: dict[str, Any], timeout_s: float | None
-    ) -> None:
+    def __init__(self, model: str, max_tokens: int, sampling: dict[str, Any]) -> None:
         self.model, self.max_tokens, self.sampling = model, max_tokens, sampling
-        self.timeout_s = timeout_s
         self.prompts: list[list[int]] = []
         self.futures: list[asyncio.Future[Generation]] = []
 
 
 class PromptBatcher:
-    """Batches the completion calls of one vLLM backend (see the module doc). It owns the
-    tasks of the batch requests in flight; ``aclose`` ends them."""
+    """Batches the completion calls of one vLLM backend (see the module doc), each request
+    bounded by ``timeout_s``. It owns the tasks of the batch requests in flight; ``aclose``
+    ends them."""
 
-    def __init__(self, session: aiohttp.ClientSession, address: str, *, max_prompts: int) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        address: str,
+        *,
+        max_prompts: int,
+        timeout_s: float | None,
+    ) -> None:
         if max_prompts < 1:
             raise ValueError(f"max_prompts must be >= 1, got {max_prompts}")
         self.session, self.address, self.max_prompts = session, address, max_prompts
+        self.timeout_s = timeout_s
         self._open: dict[_Key, _Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -68,21 +76,16 @@ class PromptBatcher:
         """Prompts answered or failed through this batcher."""
 
     async def complete(
-        self,
-        model: str,
-        prompt_ids: list[int],
-        max_tokens: int,
-        sampling: dict[str, Any],
-        timeout_s: float | None,
+        self, model: str, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
     ) -> Generation:
         """What ``complete_vllm`` would answer for this prompt, from a batch's request."""
         if self._closed:
             raise RuntimeError("the prompt batcher is closed")
         loop = asyncio.get_running_loop()
-        key = (model, max_tokens, json.dumps(sampling, sort_keys=True, default=str), timeout_s)
+        key = (model, max_tokens, json.dumps(sampling, sort_keys=True, default=str))
         batch = self._open.get(key)
         if batch is None:
-            batch = self._open[key] = _Batch(model, max_tokens, sampling, timeout_s)
+            batch = self._open[key] = _Batch(model, max_tokens, sampling)
             loop.call_soon(self._send, key, batch)
         future: asyncio.Future[Generation] = loop.create_future()
         batch.prompts.append(prompt_ids)
@@ -102,28 +105,27 @@ class PromptBatcher:
     async def _run(self, batch: _Batch) -> None:
         self.prompts += len(batch.prompts)
         try:
-            gens = await (self._many(batch) if len(batch.prompts) > 1 else self._each(batch))
-        except BaseException as exc:
-            error = exc if isinstance(exc, Exception) else RuntimeError("the batcher closed")
-            for f in batch.futures:
-                if not f.done():
-                    f.set_exception(error)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        for f, gen in zip(batch.futures, gens, strict=True):
-            if not f.done():
-                f.set_result(gen)
+            outcomes = await self._outcomes(batch)
+        except BaseException:  # cancelled: the batcher is closing
+            _settle(batch.futures, [RuntimeError("the batcher closed")] * len(batch.futures))
+            raise
+        _settle(batch.futures, outcomes)
+
+    async def _outcomes(self, batch: _Batch) -> list[Outcome]:
+        if len(batch.prompts) > 1:
+            try:
+                return list(await self._many(batch))
+            except EngineRejected:
+                pass  # retried prompt by prompt: only the one at fault fails
+            except Exception as exc:
+                return [exc] * len(batch.prompts)
+        return await self._each(batch)
 
     async def _many(self, batch: _Batch) -> list[Generation]:
-        url = f"{self.address.rstrip('/')}/completions"
-        body = vllm_body(batch.model, [], batch.max_tokens, batch.sampling)
-        body["prompt"] = batch.prompts
+        """One request for the whole batch; its choices in prompt order."""
+        body = vllm_body(batch.model, batch.prompts, batch.max_tokens, batch.sampling)
         self.requests += 1
-        try:
-            payload = await _post_json(self.session, self.address, url, body, batch.timeout_s)
-        except EngineRejected:
-            return await self._each(batch)
+        payload = await post_vllm_completions(self.session, self.address, body, self.timeout_s)
         choices = payload.get("choices") if isinstance(payload, dict) else None
         n = len(batch.prompts)
         if not isinstance(choices, list) or len(choices) != n:
@@ -137,8 +139,8 @@ class PromptBatcher:
             by_index[index] = c
         return [parse_vllm(self.address, {"choices": [by_index[i]]}) for i in range(n)]
 
-    async def _each(self, batch: _Batch) -> list[Generation]:
-        """Prompt by prompt: a refusal then fails only its own call."""
+    async def _each(self, batch: _Batch) -> list[Outcome]:
+        """A request per prompt: a failure is then its own call's alone."""
         self.requests += len(batch.prompts)
         outs = await asyncio.gather(
             *(
@@ -149,31 +151,33 @@ class PromptBatcher:
                     prompt,
                     batch.max_tokens,
                     batch.sampling,
-                    timeout_s=batch.timeout_s,
+                    timeout_s=self.timeout_s,
                 )
                 for prompt in batch.prompts
             ),
             return_exceptions=True,
         )
-        if len(outs) == 1 and isinstance(outs[0], BaseException):
-            raise outs[0]
-        gens: list[Generation] = []
-        for f, out in zip(batch.futures, outs, strict=True):
-            if isinstance(out, Generation):
-                gens.append(out)
-                continue
-            if not f.done():
-                f.set_exception(out)
-            gens.append(Generation([], [], "abort", self.address))  # dropped: f is done
-        return gens
+        for out in outs:
+            if not isinstance(out, Generation | Exception):
+                raise out  # a cancellation
+        return outs  # type: ignore[return-value]
 
     async def aclose(self) -> None:
         """Fail the calls not sent yet and end the requests in flight."""
         self._closed = True
         for batch in self._open.values():
-            for f in batch.futures:
-                if not f.done():
-                    f.set_exception(RuntimeError("the batcher closed"))
+            _settle(batch.futures, [RuntimeError("the batcher closed")] * len(batch.futures))
         self._open.clear()
         for task in list(self._tasks):
             await cancel_and_wait(task)
+
+
+def _settle(futures: list[asyncio.Future[Generation]], outcomes: list[Outcome]) -> None:
+    """Answer each caller still waiting (a cancelled one's future is done already)."""
+    for f, out in zip(futures, outcomes, strict=True):
+        if f.done():
+            continue
+        if isinstance(out, Generation):
+            f.set_result(out)
+        else:
+            f.set_exception(out)

@@ -56,6 +56,7 @@ __all__ = [
     "fetch_model",
     "fetch_model_info",
     "models_url",
+    "post_vllm_completions",
     "server_root",
 ]
 
@@ -246,9 +247,10 @@ async def fetch_model(
 
 
 def vllm_body(
-    model: str, prompt_ids: list[int], max_tokens: int, sampling: dict[str, Any]
+    model: str, prompt_ids: list[int] | list[list[int]], max_tokens: int, sampling: dict[str, Any]
 ) -> dict[str, Any]:
-    """The ``/v1/completions`` request body for a token-id prompt."""
+    """The ``/v1/completions`` request body for a token-id prompt (or a list of them: one
+    choice each, ``index`` giving its prompt's place)."""
     body = {k: v for k, v in sampling.items() if k not in _VLLM_RESERVED}
     body.update(
         model=model,
@@ -336,10 +338,17 @@ async def complete_vllm(
     weight_version: int | str | None = None,
 ) -> Generation:
     """One vLLM ``POST {address}/completions`` call with a token-id prompt."""
-    url = f"{address.rstrip('/')}/completions"
     body = vllm_body(model, prompt_ids, max_tokens, sampling)
-    payload = await _post_json(session, address, url, body, timeout_s)
+    payload = await post_vllm_completions(session, address, body, timeout_s)
     return parse_vllm(address, payload, weight_version)
+
+
+async def post_vllm_completions(
+    session: aiohttp.ClientSession, address: str, body: dict[str, Any], timeout_s: float | None
+) -> Any:
+    """``POST {address}/completions`` with ``body``; the decoded answer (typed errors)."""
+    url = f"{address.rstrip('/')}/completions"
+    return await _post_json(session, address, url, body, timeout_s)
 
 
 async def complete_sglang(

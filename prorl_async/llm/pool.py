@@ -457,7 +457,7 @@ class BackendPool:
                     if self.config.batch_prompts > 1 and b.api == "vllm":
                         assert b.model is not None
                         gen = await self._batcher(b).complete(
-                            b.model, prompt_ids, max_tokens, sampling, timeout
+                            b.model, prompt_ids, max_tokens, sampling
                         )
                     else:
                         gen = await complete(
@@ -488,7 +488,12 @@ class BackendPool:
         batcher = self._batchers.get(b.address)
         if batcher is None:
             assert self._session is not None
-            batcher = PromptBatcher(self._session, b.address, max_prompts=self.config.batch_prompts)
+            batcher = PromptBatcher(
+                self._session,
+                b.address,
+                max_prompts=self.config.batch_prompts,
+                timeout_s=self.config.request_timeout_s,
+            )
             self._batchers[b.address] = batcher
         return batcher
 

@@ -51,8 +51,10 @@ class EngineEnvError(RuntimeError):
     """The engine environment could not be made or used; the message says what to do."""
 
 
-# The engine's idle spin in seconds, read by ``launch`` in the engine's processes.
+# The engine's idle spin in seconds, read by ``launch`` in the engine's processes, and
+# its default there and in ``VllmProcess``.
 IDLE_SPIN_VAR = "PRORL_VLLM_IDLE_SPIN_S"
+DEFAULT_IDLE_SPIN_S = 0.02
 
 
 def engine_home() -> Path:

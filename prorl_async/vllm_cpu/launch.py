@@ -5,9 +5,8 @@ every message, keeps polling with ``sched_yield`` for ``busy_loop_s`` (1 s in vL
 before it sleeps on a socket. On a GPU host that core is spare. On a small CPU host it is
 not: the CPU worker spins a second after every step, so while the engine is idle or
 lightly loaded it takes a core from everything beside it (the rollout server, the
-engine's own API server, a learner). Measured on 2 cores, train-demo's sync mode (the
-engine idles while the learner trains): the worker used 2.0 CPU-s per step with vLLM's
-spin and 1.2 with 0.02 s, and the run went from 25.7 to 33-35 steps per minute.
+engine's own API server, a learner). Measured on 2 cores: an idle worker used 1.04 CPU-s
+in 3 s with vLLM's spin and 0.07 with 0.02 s (docs/performance.md, train-demo).
 
 ``PRORL_VLLM_IDLE_SPIN_S`` sets the spin in seconds (default 0.02; ``vllm`` leaves vLLM's
 own). Usage: ``python -m prorl_async.vllm_cpu.launch [api_server args]``.
@@ -26,11 +25,10 @@ import os
 import runpy
 import sys
 
-from prorl_async.vllm_cpu.env import IDLE_SPIN_VAR
+from prorl_async.vllm_cpu.env import DEFAULT_IDLE_SPIN_S, IDLE_SPIN_VAR
 
 __all__ = ["DEFAULT_IDLE_SPIN_S", "apply_from_env", "bound_idle_spin", "idle_spin_s", "main"]
 
-DEFAULT_IDLE_SPIN_S = 0.02
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 log = logging.getLogger("prorl_async.vllm_cpu.launch")

@@ -21,7 +21,12 @@ from types import TracebackType
 from typing import Self
 
 from prorl_async.util.procs import descendants
-from prorl_async.vllm_cpu.env import IDLE_SPIN_VAR, SERVED_MODEL, EngineEnv
+from prorl_async.vllm_cpu.env import (
+    DEFAULT_IDLE_SPIN_S,
+    IDLE_SPIN_VAR,
+    SERVED_MODEL,
+    EngineEnv,
+)
 from prorl_async.vllm_cpu.scripts import ENV_VAR
 
 __all__ = ["VllmProcess", "VllmStartError", "bound_cores", "free_port", "pin_engine"]
@@ -112,7 +117,7 @@ class VllmProcess:
         served_name: str = SERVED_MODEL,
         extra_args: tuple[str, ...] = (),
         environ: dict[str, str] | None = None,
-        idle_spin_s: float | None = 0.02,
+        idle_spin_s: float | None = DEFAULT_IDLE_SPIN_S,
     ) -> None:
         self.env, self.model_dir, self.log_path = env, model_dir, log_path
         # Extra environment, e.g. ``VLLM_CPU_OMP_THREADS_BIND="0"`` to keep it on core 0.
